@@ -1,0 +1,14 @@
+"""Entry point SGLang calls in each of its processes (group ``sglang.srt.plugins``).
+
+Everything SGLang must do differently for pdd-testbed is registered from here,
+with ``HookRegistry`` where a hook is needed; each hook is tested.
+"""
+
+from engine_patches.cpu.import_hooks import install as install_import_hooks
+
+
+def load() -> None:
+    """Called by ``sglang.srt.plugins.load_plugins`` once per process."""
+    # Already installed by the .pth in a venv set up by make setup; idempotent, and
+    # keeps a plain ``pip install`` (without the .pth) working for late imports.
+    install_import_hooks()
