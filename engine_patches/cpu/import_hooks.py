@@ -4,7 +4,9 @@ Two finders, both stdlib-only until they fire:
 
 * ``sgl_kernel`` — appended at the *end* of ``sys.meta_path``, so it is reached only
   when no real ``sgl_kernel`` is installed. It then serves
-  :mod:`engine_patches.cpu.sgl_kernel_standin` (and empty stand-in submodules).
+  :mod:`engine_patches.cpu.sgl_kernel_standin`. Submodules (``sgl_kernel.scalar_type``
+  ...) stay unimportable: SGLang guards those imports with ``except ImportError``
+  fallbacks, which must keep working.
 * ``torchvision`` — placed first, it only looks: when the installed torchvision is a
   CUDA build beside a CPU torch, it defines the op schemas that torchvision's
   meta registrations expect (see :mod:`engine_patches.cpu.torchvision_fix`) before
@@ -23,22 +25,20 @@ STANDIN_ROOT = "sgl_kernel"
 
 
 class _SglKernelStandinFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``sgl_kernel`` and ``sgl_kernel.*`` when nothing else can."""
+    """Serves ``sgl_kernel`` when nothing else can."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != STANDIN_ROOT and not fullname.startswith(STANDIN_ROOT + "."):
+        if fullname != STANDIN_ROOT:
             return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+        return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec):
         from engine_patches.cpu import sgl_kernel_standin
 
-        if spec.name == STANDIN_ROOT:
-            return sgl_kernel_standin.make_module(spec.name, with_kernels=True)
-        return sgl_kernel_standin.make_module(spec.name, with_kernels=False)
+        return sgl_kernel_standin.make_module()
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__path__ = []  # a package, so submodule imports come back here
+        pass
 
 
 class _TorchvisionFixFinder(importlib.abc.MetaPathFinder):

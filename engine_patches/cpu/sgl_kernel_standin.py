@@ -4,8 +4,10 @@ SGLang's CPU kernels are built from source only, with AVX-512/AMX flags; PyPI ha
 CPU build. Two of its functions are called on the path of a dense Llama; they are
 implemented here in plain torch with the semantics of SGLang's triton versions:
 
-* ``assign_req_to_token_pool_cpu`` — ``sglang.srt.mem_cache.allocation.assign_req_to_token_pool``
-* ``copy_all_layer_kv_cache_cpu`` — ``sglang.kernels.ops.kvcache.cache_move.copy_all_layer_kv_cache_tiled``
+* ``assign_req_to_token_pool_cpu`` —
+  ``sglang.srt.mem_cache.allocation.assign_req_to_token_pool``
+* ``copy_all_layer_kv_cache_cpu`` —
+  ``sglang.kernels.ops.kvcache.cache_move.copy_all_layer_kv_cache_tiled``
 
 Every other name is importable, so SGLang's module-level imports succeed, but raises
 ``NotImplementedError`` naming the kernel when called. No ``torch.ops.sgl_kernel`` op
@@ -94,18 +96,17 @@ def _missing_kernel(qualified_name: str):
     return missing
 
 
-def make_module(name: str, with_kernels: bool) -> types.ModuleType:
-    """The stand-in module for ``sgl_kernel`` (``with_kernels``) or one of its submodules."""
-    module = types.ModuleType(name, __doc__)
+def make_module() -> types.ModuleType:
+    """The stand-in ``sgl_kernel`` module: the kernels above, every other name a stub."""
+    module = types.ModuleType("sgl_kernel", __doc__)
     setattr(module, STANDIN_MARKER, True)
-    if with_kernels:
-        module.__dict__.update(IMPLEMENTED)
-        module.__version__ = "0.0.0+pdd-testbed-cpu-standin"
+    module.__dict__.update(IMPLEMENTED)
+    module.__version__ = "0.0.0+pdd-testbed-cpu-standin"
 
     def __getattr__(attr: str):
         if attr.startswith("__"):
             raise AttributeError(attr)
-        return _missing_kernel(f"{name}.{attr}")
+        return _missing_kernel(f"sgl_kernel.{attr}")
 
     module.__getattr__ = __getattr__
     return module

@@ -1,0 +1,30 @@
+# pdd-testbed — the two commands: `make setup`, then `make test`.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+BIN    := $(VENV)/bin
+
+.PHONY: setup test test-fast lint format bench clean help
+
+help:            ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
+
+setup:           ## install Debian packages, the venv, CPU torch, SGLang and the project
+	bash scripts/setup.sh
+
+test:            ## run every test (real SGLang, real namespaces; needs root)
+	$(BIN)/pytest
+
+test-fast:       ## tests that start no SGLang server
+	$(BIN)/pytest -m "not sglang"
+
+lint:            ## ruff lint and format check
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format:          ## ruff format and autofix
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+bench:           ## serve the default model and print measured TTFT/ITL
+	$(BIN)/testbed bench
+
+clean:           ## remove run outputs (keeps the venv)
+	rm -rf runs .pytest_cache

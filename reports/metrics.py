@@ -1,0 +1,32 @@
+"""Metric names, defined once: Locust event names, record columns and report labels."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Metric(StrEnum):
+    """A measured quantity; the value is the column / event name, ``label`` the report's."""
+
+    TTFT = "ttft_s"
+    ITL = "itl_s"
+    E2E = "e2e_s"
+    OUTPUT_TOKENS = "output_tokens"
+    PROMPT_TOKENS = "prompt_tokens"
+    CACHED_TOKENS = "cached_tokens"
+
+    @property
+    def label(self) -> str:
+        return LABELS[self]
+
+
+LABELS = {
+    Metric.TTFT: "time to first token",
+    Metric.ITL: "inter-token latency",
+    Metric.E2E: "end-to-end latency",
+    Metric.OUTPUT_TOKENS: "output tokens",
+    Metric.PROMPT_TOKENS: "prompt tokens",
+    Metric.CACHED_TOKENS: "cached prompt tokens",
+}
+
+PERCENTILES = (50, 90, 99)

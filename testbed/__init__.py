@@ -1,0 +1,1 @@
+"""pdd-testbed orchestration: scenarios, servers per role, the router and the CLI."""

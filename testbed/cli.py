@@ -1,0 +1,135 @@
+"""The ``testbed`` command line. Each command is a thin layer over a module."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from testbed import model as model_mod
+from testbed.server import ROLES, ServerError, ServerSpec, SGLangServer
+
+app = typer.Typer(
+    help="pdd-testbed: cross-datacenter prefill/decode disaggregation testbed.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+model_app = typer.Typer(
+    help="Build and inspect the tiny models the testbed serves.", no_args_is_help=True
+)
+app.add_typer(model_app, name="model")
+console = Console()
+
+DEFAULT = model_mod.ModelShape()
+
+
+@model_app.command("build")
+def model_build(
+    layers: int = typer.Option(DEFAULT.layers, help="Transformer layers."),
+    hidden_size: int = typer.Option(DEFAULT.hidden_size, help="Hidden size."),
+    heads: int = typer.Option(DEFAULT.heads, help="Attention heads."),
+    kv_heads: int = typer.Option(DEFAULT.kv_heads, help="KV heads (GQA)."),
+    head_dim: int = typer.Option(DEFAULT.head_dim, help="Dimension of one head."),
+    intermediate_size: int = typer.Option(DEFAULT.intermediate_size, help="MLP width."),
+    vocab_size: int = typer.Option(DEFAULT.vocab_size, help="Tokenizer vocabulary size."),
+    max_context: int = typer.Option(DEFAULT.max_context, help="Max context (>= 32768)."),
+    dtype: str = typer.Option(DEFAULT.dtype, help="float32, bfloat16 or float16."),
+    seed: int = typer.Option(DEFAULT.seed, help="Seed for weights and tokenizer corpus."),
+    cache_dir: Path = typer.Option(
+        None, help="Cache root (default $PDD_CACHE or ~/.cache/pdd-testbed)."
+    ),
+    force: bool = typer.Option(False, help="Rebuild even if the model exists."),
+) -> None:
+    """Build a deterministic random-weight Llama and its tokenizer; print its path and KV size."""
+    try:
+        shape = model_mod.ModelShape(
+            layers,
+            hidden_size,
+            heads,
+            kv_heads,
+            head_dim,
+            intermediate_size,
+            vocab_size,
+            max_context,
+            dtype,
+            seed,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    path = model_mod.build(shape, cache_dir, force=force)
+    info = model_mod.describe(path)
+    console.print(f"model: {path}")
+    console.print(f"parameters: {info['parameters']:,}")
+    console.print(f"KV bytes per token: {info['kv_bytes_per_token']:,}")
+
+
+def resolve_model(model: Path | None) -> Path:
+    """A given model directory, or the default tiny model (built on first use)."""
+    if model is None:
+        return model_mod.build(DEFAULT)
+    if not (model / "config.json").exists():
+        raise typer.BadParameter(f"{model} is not a model directory (no config.json)")
+    return model
+
+
+@app.command()
+def serve(
+    role: str = typer.Option("colocated", help=f"Server role: {', '.join(ROLES)}."),
+    model: Path = typer.Option(None, help="Model directory (default: the built-in tiny model)."),
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(30000, help="HTTP port."),
+    max_total_tokens: int = typer.Option(65536, help="KV pool size in tokens (always bounded)."),
+    log: Path = typer.Option(Path("runs/serve.log"), help="Server log file."),
+    startup_timeout: float = typer.Option(240.0, help="Seconds to wait for health."),
+) -> None:
+    """Launch one SGLang server for ROLE, wait until healthy, serve until Ctrl-C/SIGTERM."""
+    if role not in ROLES:
+        raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
+    spec = ServerSpec(
+        model_path=resolve_model(model),
+        role=role,
+        host=host,
+        port=port,
+        max_total_tokens=max_total_tokens,
+    )
+    server = SGLangServer(spec, log)
+
+    def on_sigterm(signum, frame):
+        raise KeyboardInterrupt  # one shutdown path for Ctrl-C and SIGTERM
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        server.start()
+        console.print(f"starting {role} server (log {log}) ...")
+        server.wait_healthy(startup_timeout)
+        console.print(f"[green]{role} server ready[/green] at {spec.url}", highlight=False)
+        while server.alive():
+            time.sleep(1.0)
+        console.print(f"[red]error:[/red] server exited unexpectedly; see {log}")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        console.print("stopping ...")
+    except ServerError as exc:  # a readable message and a non-zero exit, never a traceback
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from exc
+    finally:
+        server.stop()
+
+
+@app.command()
+def bench(
+    model: Path = typer.Option(None, help="Model directory (default: the built-in tiny model)."),
+    port: int = typer.Option(30100, help="Port of the temporary server."),
+    out: Path = typer.Option(Path("runs"), help="Directory for the run's files."),
+) -> None:
+    """Serve the default model and print measured TTFT/ITL for a small fixed request set."""
+    from testbed.quickbench import run_quickbench
+
+    run_quickbench(resolve_model(model), port, out, console)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,210 @@
+"""One SGLang server per role, launched with the flags right for the host.
+
+Lifecycle of :class:`SGLangServer`: created (nothing runs) → ``start()`` spawns
+``python -m sglang.launch_server`` in a new process group → ``wait_healthy()`` polls
+``/health_generate`` until it answers or the process dies or a deadline passes →
+serving → ``stop()`` sends SIGTERM to the whole group (SGLang's scheduler and
+detokenizer subprocesses included), then SIGKILL after a grace period. ``stop()`` is
+idempotent and also runs on context-manager exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROLES = ("colocated", "prefill", "decode")
+
+
+@functools.cache
+def host_has_cuda() -> bool:
+    """A usable CUDA device and a CUDA torch; otherwise SGLang runs on the CPU engine."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.version.cuda is not None and torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What to launch; ``argv``/``env`` are derived, so any launcher can run it."""
+
+    model_path: Path
+    role: str = "colocated"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_total_tokens: int = 65536
+    mem_fraction_static: float = 0.05
+    transfer_backend: str = "tcp"
+    bootstrap_port: int = 8998
+    decode_radix_cache: bool = True
+    extra_args: tuple[str, ...] = ()
+    cuda: bool = field(default_factory=host_has_cuda)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port out of range: {self.port}")
+        if self.max_total_tokens <= 0:
+            raise ValueError("max_total_tokens must be positive (the KV pool is always bounded)")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def argv(self) -> list[str]:
+        args = [
+            sys.executable, "-m", "sglang.launch_server",
+            "--model-path", str(self.model_path),
+            "--host", self.host, "--port", str(self.port),
+            "--max-total-tokens", str(self.max_total_tokens),
+            "--mem-fraction-static", str(self.mem_fraction_static),
+            "--log-level", "info",
+        ]  # fmt: skip
+        if not self.cuda:
+            # The CPU engine: torch_native attention (the x86 default needs AMX
+            # kernels), fp32, and no CUDA graphs.
+            args += ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
+        args += ROLE_ARGS[self.role](self)
+        return args + list(self.extra_args)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if not self.cuda:
+            env["SGLANG_USE_CPU_ENGINE"] = "1"
+        return env
+
+
+def _colocated_args(spec: ServerSpec) -> list[str]:
+    return []
+
+
+def _prefill_args(spec: ServerSpec) -> list[str]:
+    return [
+        "--disaggregation-mode", "prefill",
+        "--disaggregation-transfer-backend", spec.transfer_backend,
+        "--disaggregation-bootstrap-port", str(spec.bootstrap_port),
+    ]  # fmt: skip
+
+
+def _decode_args(spec: ServerSpec) -> list[str]:
+    args = [
+        "--disaggregation-mode", "decode",
+        "--disaggregation-transfer-backend", spec.transfer_backend,
+    ]  # fmt: skip
+    if spec.decode_radix_cache:
+        args.append("--disaggregation-decode-enable-radix-cache")
+    if not spec.cuda:
+        args += ["--disaggregation-decode-retraction-backup", "cpu_tensor"]
+    return args
+
+
+ROLE_ARGS: dict[str, Callable[[ServerSpec], list[str]]] = {
+    "colocated": _colocated_args,
+    "prefill": _prefill_args,
+    "decode": _decode_args,
+}
+
+
+class ServerError(RuntimeError):
+    """A server that did not come up, or died; the message names its log."""
+
+
+class SGLangServer:
+    """A running SGLang server process (see the module docstring for its lifecycle)."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        log_path: Path,
+        wrap: Callable[[list[str]], list[str]] = lambda argv: argv,
+    ) -> None:
+        self.spec = spec
+        self.log_path = log_path
+        self._wrap = wrap  # e.g. prefix with "ip netns exec HOST"
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> SGLangServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+        self._proc = subprocess.Popen(
+            self._wrap(self.spec.argv()),
+            env=self.spec.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its own process group: stop() reaches every child
+        )
+        log.close()
+        return self
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def wait_healthy(self, timeout: float = 240.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ServerError(
+                    f"SGLang {self.spec.role} server exited with status {self._proc.returncode} "
+                    f"before becoming healthy; log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.spec.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise ServerError(
+            f"SGLang {self.spec.role} server not healthy after {timeout:.0f} s; "
+            f"log {self.log_path}:\n{self.log_tail()}"
+        )
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """Terminate the server and every process in its group; returns its exit status."""
+        if self._proc is None:
+            return None
+        if self._proc.poll() is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                _signal_group(self._proc.pid, signal.SIGKILL)
+                self._proc.wait(timeout=10)
+        # Children that outlived their parent are still in the group.
+        _signal_group(self._proc.pid, signal.SIGKILL)
+        return self._proc.returncode
+
+    def __enter__(self) -> SGLangServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, sig)
