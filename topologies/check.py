@@ -1,0 +1,188 @@
+"""Measure an emulated network against its specs: iperf3 and ping, configured vs measured.
+
+Every number is measured between real hosts of the network. Tolerances are the ones
+the testbed promises (README): WAN goodput within 10% of the rate, RTT within ±1 ms
+of 2 × delay, RTT mdev within ±30% of the uniform-jitter value, loss within ±20%
+relative, LAN >= 2 Gbit/s.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from topologies.network import Network
+
+RATE_TOLERANCE = 0.10
+RTT_TOLERANCE_MS = 1.0
+MDEV_TOLERANCE = 0.30
+LOSS_TOLERANCE = 0.20
+LAN_MIN_MBIT = 2000.0
+IPERF_PORT = 5201
+
+
+@dataclass
+class Measurement:
+    link: str
+    quantity: str
+    configured: float | None
+    measured: float
+    tolerance: str
+    ok: bool
+
+    def as_row(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PingStats:
+    sent: int
+    received: int
+    min_ms: float
+    avg_ms: float
+    max_ms: float
+    mdev_ms: float
+
+
+def ping(net: Network, src: str, dst: str, count: int = 100, interval: float = 0.02) -> PingStats:
+    out = net.run(
+        src,
+        ["ping", "-q", "-c", str(count), "-i", str(interval), "-W", "2", net.address(dst)],
+        timeout=count * interval + 30,
+        check=False,
+    ).stdout
+    sent, received = map(int, re.search(r"(\d+) packets transmitted, (\d+) received", out).groups())
+    rtt = re.search(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms", out)
+    if not rtt:
+        raise RuntimeError(f"no RTT from {src} to {dst}: {out.strip()}")
+    return PingStats(sent, received, *map(float, rtt.groups()))
+
+
+def iperf(
+    net: Network,
+    src: str,
+    dst: str,
+    seconds: float,
+    udp_mbit: float | None = None,
+    log_dir: Path = Path("runs/net-check"),
+) -> dict:
+    """Run iperf3 src → dst; returns iperf3's JSON ``end`` section."""
+    server = net.popen(
+        dst, ["iperf3", "-s", "-1", "-p", str(IPERF_PORT)], log_dir / f"iperf3-server-{dst}.log"
+    )
+    try:
+        time.sleep(0.3)
+        argv = ["iperf3", "-c", net.address(dst), "-p", str(IPERF_PORT), "-J", "-t", str(seconds)]
+        if udp_mbit:
+            argv += ["-u", "-b", f"{udp_mbit}M", "-l", "1400"]
+        else:
+            argv += ["-O", "2", "-C", net.spec.wan.congestion_control]
+        done = net.run(src, argv, timeout=seconds + 30, check=False)
+        result = json.loads(done.stdout or "{}")
+        if "error" in result or "end" not in result:
+            raise RuntimeError(f"iperf3 {src} → {dst} failed: {result.get('error', done.stderr)}")
+        return result["end"]
+    finally:
+        server.stop()
+
+
+def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
+    """Measure the WAN (rate, RTT, jitter, loss) and a LAN pair; one row per quantity."""
+    rows: list[Measurement] = []
+    wan = net.spec.wan
+    a_hosts = [h for h in net.hosts if net.site(h) == "A"]
+    b_hosts = [h for h in net.hosts if net.site(h) == "B"]
+    if b_hosts:
+        src, dst = a_hosts[0], b_hosts[0]
+        link = f"WAN {src}->{dst}"
+        stats = ping(net, src, dst)
+        rows.append(
+            Measurement(
+                link,
+                "rtt_avg_ms",
+                wan.rtt_ms,
+                stats.avg_ms,
+                f"±{RTT_TOLERANCE_MS} ms",
+                abs(stats.avg_ms - wan.rtt_ms) <= RTT_TOLERANCE_MS,
+            )
+        )
+        expected_mdev = wan.expected_rtt_mdev_ms
+        mdev_ok = (
+            abs(stats.mdev_ms - expected_mdev) <= MDEV_TOLERANCE * expected_mdev
+            if wan.jitter_ms
+            else stats.mdev_ms <= 0.5
+        )
+        rows.append(
+            Measurement(
+                link,
+                "rtt_mdev_ms",
+                expected_mdev,
+                stats.mdev_ms,
+                "±30%" if wan.jitter_ms else "<= 0.5 ms",
+                mdev_ok,
+            )
+        )
+        rows.append(Measurement(link, "rtt_min_ms", None, stats.min_ms, "-", True))
+        rows.append(Measurement(link, "rtt_max_ms", None, stats.max_ms, "-", True))
+        if wan.rate_mbit and not wan.loss_pct:
+            tcp = iperf(net, src, dst, seconds)["sum_received"]["bits_per_second"] / 1e6
+            rows.append(
+                Measurement(
+                    link,
+                    "tcp_goodput_mbit",
+                    wan.rate_mbit,
+                    tcp,
+                    "±10%",
+                    abs(tcp - wan.rate_mbit) <= RATE_TOLERANCE * wan.rate_mbit,
+                )
+            )
+        elif wan.rate_mbit:
+            # Under random loss TCP cannot fill the link (Mathis et al.); check the rate
+            # limiter with a UDP flood instead: received = rate × (1 − loss).
+            flood = iperf(net, src, dst, seconds, udp_mbit=1.2 * wan.rate_mbit)["sum"]
+            received = flood["bits_per_second"] * (1 - flood["lost_percent"] / 100) / 1e6
+            expected = wan.rate_mbit * (1 - wan.loss_pct / 100)
+            rows.append(
+                Measurement(
+                    link,
+                    "udp_received_mbit",
+                    expected,
+                    received,
+                    "±10%",
+                    abs(received - expected) <= RATE_TOLERANCE * expected,
+                )
+            )
+        udp_rate = 0.3 * (wan.rate_mbit or 100)
+        lost = iperf(net, src, dst, seconds, udp_mbit=udp_rate)["sum"]["lost_percent"]
+        loss_ok = (
+            abs(lost - wan.loss_pct) <= LOSS_TOLERANCE * wan.loss_pct
+            if wan.loss_pct
+            else lost <= 0.05
+        )
+        rows.append(
+            Measurement(
+                link,
+                "udp_loss_pct",
+                wan.loss_pct,
+                lost,
+                "±20% rel." if wan.loss_pct else "<= 0.05%",
+                loss_ok,
+            )
+        )
+    if len(a_hosts) >= 2:
+        src, dst = a_hosts[0], a_hosts[1]
+        lan = iperf(net, src, dst, 3)["sum_received"]["bits_per_second"] / 1e6
+        rows.append(
+            Measurement(
+                f"LAN {src}->{dst}",
+                "tcp_goodput_mbit",
+                None,
+                lan,
+                f">= {LAN_MIN_MBIT:.0f}",
+                lan >= LAN_MIN_MBIT,
+            )
+        )
+    return rows

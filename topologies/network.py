@@ -1,0 +1,257 @@
+"""Network: a topology realised with named namespaces, veth pairs, bridges and emulated links.
+
+Lifecycle::
+
+    Network(spec, name) ──up()──▶ up ──(popen / run / address)──▶ down() ──▶ gone
+                         │                                          ▲
+                         └── a failure part-way calls down() ───────┘
+
+``up()`` picks the emulation backend first (refusing before anything is built when a
+link parameter cannot be applied), writes a state file, then creates one namespace
+per switch and host (``pddtb-<name>-<node>``); bridges, veths, qdiscs and nftables /
+iptables rules all live inside those namespaces, so deleting them removes everything.
+``down()`` kills every process in them (emulation daemons, servers) by PID, deletes
+them and the state file; ``Network.down_by_name`` does the same after a ``kill -9``
+of the harness, from the state file and the namespace prefix alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from topologies.emulation import get_backend
+from topologies.emulation.base import AppliedLink, LinkEnd
+from topologies.netns import PREFIX, NetworkError, list_namespaces, ns_name, pids_in, run
+from topologies.process import HostProcess
+from topologies.spec import NetworkSpec
+
+STATE_DIR = Path(os.environ.get("PDD_STATE_DIR", "/run/pdd-testbed"))
+
+
+class Network:
+    def __init__(
+        self, spec: NetworkSpec, name: str = "default", log_dir: Path | None = None
+    ) -> None:
+        if not name.replace("_", "").isalnum() or len(name) > 20:
+            raise ValueError(f"network name must be alphanumeric (<= 20 chars), got {name!r}")
+        self.spec = spec
+        self.name = name
+        self.topo = spec.topo()
+        self.log_dir = log_dir or Path("runs") / f"net-{name}"
+        self.applied: list[AppliedLink] = []
+        self.backend_name: str | None = None
+        self._up = False
+
+    # ---- lookup -------------------------------------------------------------------
+    def ns(self, node: str) -> str:
+        return ns_name(self.name, node)
+
+    @property
+    def hosts(self) -> list[str]:
+        """Every end host (gateways excluded)."""
+        return [h for h in self.topo.hosts() if self.topo.nodeInfo(h)["role"] != "gateway"]
+
+    def hosts_with_role(self, role: str) -> list[str]:
+        return [h for h in self.hosts if self.topo.nodeInfo(h)["role"] == role]
+
+    def role(self, host: str) -> str:
+        return self.topo.nodeInfo(host)["role"]
+
+    def site(self, host: str) -> str:
+        return self.topo.nodeInfo(host)["site"]
+
+    def address(self, host: str) -> str:
+        """The host's IP address on its site LAN."""
+        return self.topo.nodeInfo(host)["ip"].split("/")[0]
+
+    # ---- lifecycle ----------------------------------------------------------------
+    def up(self) -> Network:
+        if os.geteuid() != 0:
+            raise NetworkError("network emulation needs root (namespaces, tc, nftables)")
+        if _state_path(self.name).exists() or list_namespaces(ns_name(self.name, "")):
+            raise NetworkError(f"network {self.name!r} is already up; run `testbed net down` first")
+        wan_links = [info for *_, info in self.topo.links(withInfo=True) if info["kind"] == "wan"]
+        backend = None
+        if any(info["spec"].impaired for info in wan_links):
+            backend = get_backend(self.spec.backend)  # refuses before anything is built
+            self.backend_name = backend.name
+        self._write_state()
+        try:
+            self._build()
+            for info in wan_links:
+                if info["spec"].impaired:
+                    a = LinkEnd(self.ns(info["node1"]), f"eth{info['port1']}")
+                    b = LinkEnd(self.ns(info["node2"]), f"eth{info['port2']}")
+                    name = f"{info['node1']}<->{info['node2']}"
+                    self.applied.append(backend.apply(name, a, b, info["spec"], self.log_dir))
+                    self._write_state()
+        except BaseException:
+            self.down()
+            raise
+        self._up = True
+        return self
+
+    def down(self) -> None:
+        Network.down_by_name(self.name)
+        self._up = False
+
+    @staticmethod
+    def down_by_name(name: str) -> list[str]:
+        """Tear down network ``name`` from its state file and namespace prefix; idempotent."""
+        state = _state_path(name)
+        namespaces = set(list_namespaces(ns_name(name, "")))
+        if state.exists():
+            with contextlib.suppress(ValueError, OSError):
+                namespaces |= set(json.loads(state.read_text()).get("namespaces", []))
+        _kill_processes_in(sorted(namespaces))
+        for ns in sorted(namespaces):
+            run(["ip", "netns", "del", ns], check=False)
+        state.unlink(missing_ok=True)
+        return sorted(namespaces)
+
+    @staticmethod
+    def names_up() -> list[str]:
+        from_state = {p.stem for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set()
+        from_ns = {ns[len(PREFIX) :].rsplit("-", 1)[0] for ns in list_namespaces()}
+        return sorted(from_state | from_ns)
+
+    def __enter__(self) -> Network:
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    # ---- processes ----------------------------------------------------------------
+    def popen(
+        self, host: str, argv: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> HostProcess:
+        return HostProcess(host, self.ns(host), argv, log_path, env).start()
+
+    def run(self, host: str, argv: Sequence[str], timeout: float = 60, check: bool = True):
+        return run(argv, ns=self.ns(host), timeout=timeout, check=check)
+
+    # ---- building -----------------------------------------------------------------
+    def _namespaces(self) -> list[str]:
+        return [self.ns(n) for n in self.topo.nodes()]
+
+    def _write_state(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        state = {
+            "name": self.name,
+            "spec": self.spec.model_dump(),
+            "namespaces": self._namespaces(),
+            "backend": self.backend_name,
+            "links": [asdict(a) for a in self.applied],
+            "hosts": {
+                h: {"role": self.role(h), "site": self.site(h), "ip": self.address(h)}
+                for h in self.hosts
+            },
+        }
+        tmp = _state_path(self.name).with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(_state_path(self.name))
+
+    def _build(self) -> None:
+        topo = self.topo
+        for node in topo.nodes():
+            ns = self.ns(node)
+            run(["ip", "netns", "add", ns])
+            run(["ip", "link", "set", "lo", "up"], ns=ns)
+        for switch in topo.switches():
+            ns = self.ns(switch)
+            run(["ip", "link", "add", "br0", "type", "bridge"], ns=ns)
+            run(["ip", "link", "set", "br0", "up"], ns=ns)
+        for n1, n2, info in topo.links(withInfo=True):
+            self._add_link(n1, n2, info)
+        cc = self.spec.wan.congestion_control
+        allow_congestion_control(cc)
+        for host in topo.hosts():
+            ns, node = self.ns(host), topo.nodeInfo(host)
+            run(["sysctl", "-qw", f"net.ipv4.tcp_congestion_control={cc}"], ns=ns)
+            if node["role"] == "gateway":
+                run(["sysctl", "-qw", "net.ipv4.ip_forward=1"], ns=ns)
+                for subnet, via in node.get("routes", []):
+                    run(["ip", "route", "add", subnet, "via", via], ns=ns)
+            elif node.get("defaultRoute"):
+                run(["ip", "route", "add", "default", *node["defaultRoute"].split()], ns=ns)
+
+    def _add_link(self, n1: str, n2: str, info: dict) -> None:
+        topo, spec = self.topo, info["spec"]
+        ends = []
+        for node, port, params in (
+            (n1, info["port1"], info.get("params1", {})),
+            (n2, info["port2"], info.get("params2", {})),
+        ):
+            is_switch = topo.isSwitch(node)
+            other = n2 if node == n1 else n1
+            # On a switch the port is named after the host behind it; on a host, ethN.
+            ends.append(
+                (self.ns(node), other if is_switch else f"eth{port}", is_switch, node, params)
+            )
+        (ns1, if1, *_), (ns2, if2, *_) = ends
+        run(["ip", "link", "add", if1, "type", "veth", "peer", "name", if2, "netns", ns2], ns=ns1)
+        for ns, intf, is_switch, node, params in ends:
+            run(["ip", "link", "set", intf, "mtu", str(spec.mtu)], ns=ns)
+            if is_switch:
+                run(["ip", "link", "set", intf, "master", "br0"], ns=ns)
+            else:
+                ip = params.get("ip") or (
+                    topo.nodeInfo(node)["ip"] if info["kind"] == "lan" else None
+                )
+                if ip:
+                    run(["ip", "addr", "add", ip, "dev", intf], ns=ns)
+            run(["ip", "link", "set", intf, "up"], ns=ns)
+
+
+ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def allow_congestion_control(cc: str) -> None:
+    """Let namespaces default to ``cc``.
+
+    Outside the initial namespace the kernel only accepts a default from the global
+    allowed list; adding to it (never removing) changes nothing else on the host.
+    """
+    allowed = ALLOWED_CC.read_text().split()
+    if cc not in allowed:
+        run(
+            ["sysctl", "-qw", f"net.ipv4.tcp_allowed_congestion_control={' '.join([*allowed, cc])}"]
+        )
+
+
+def _state_path(name: str) -> Path:
+    return STATE_DIR / f"{name}.json"
+
+
+def _kill_processes_in(namespaces: Sequence[str], grace: float = 5.0) -> None:
+    """SIGTERM every process in the namespaces (all started by the testbed), then SIGKILL."""
+    pids = {pid for ns in namespaces for pid in pids_in(ns)}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pids = {p for p in pids if _alive(p)}
+        time.sleep(0.05)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of ours still "exists"; reap it if it is ours.
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    return True

@@ -1,0 +1,59 @@
+"""NetworkSpec: a scenario's network section — topology, hosts per role, links, backend."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from topologies.emulation import BACKENDS
+from topologies.link import LinkSpec
+from topologies.site import ROLES
+from topologies.topo import TOPOLOGIES, SiteTopo, build_topo
+
+
+class NetworkSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topology: str = Field("two_site", description=f"One of {', '.join(TOPOLOGIES)}.")
+    hosts: dict[str, int] = Field(
+        default_factory=dict, description=f"Hosts per role ({', '.join(ROLES)})."
+    )
+    lan: LinkSpec = Field(default_factory=LinkSpec, description="Links inside a site (unshaped).")
+    wan: LinkSpec = Field(
+        default_factory=lambda: LinkSpec(rate_mbit=100, delay_ms=10),
+        description="The link between the sites' gateways.",
+    )
+    backend: str = Field("auto", description=f"Link emulation: auto, {', '.join(BACKENDS)}.")
+
+    @field_validator("topology")
+    @classmethod
+    def _known_topology(cls, v: str) -> str:
+        if v not in TOPOLOGIES:
+            raise ValueError(f"unknown topology {v!r}; known: {', '.join(TOPOLOGIES)}")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, v: str) -> str:
+        if v != "auto" and v not in BACKENDS:
+            raise ValueError(f"unknown emulation backend {v!r}; known: auto, {', '.join(BACKENDS)}")
+        return v
+
+    @field_validator("lan")
+    @classmethod
+    def _lan_unshaped(cls, v: LinkSpec) -> LinkSpec:
+        if v.impaired:
+            raise ValueError(
+                "LAN links are RDMA-class and unshaped here; put impairments on the wan"
+            )
+        return v
+
+    @field_validator("hosts")
+    @classmethod
+    def _known_roles(cls, v: dict[str, int]) -> dict[str, int]:
+        for role in v:
+            if role not in ROLES:
+                raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+        return v
+
+    def topo(self) -> SiteTopo:
+        return build_topo(self.topology, hosts=self.hosts, wan=self.wan, lan=self.lan)
