@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from testbed import model as model_mod
+from testbed.net_cli import net_app
 from testbed.server import ROLES, ServerError, ServerSpec, SGLangServer
 
 app = typer.Typer(
@@ -21,6 +22,7 @@ model_app = typer.Typer(
     help="Build and inspect the tiny models the testbed serves.", no_args_is_help=True
 )
 app.add_typer(model_app, name="model")
+app.add_typer(net_app, name="net")
 console = Console()
 
 DEFAULT = model_mod.ModelShape()

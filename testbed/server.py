@@ -1,20 +1,17 @@
 """One SGLang server per role, launched with the flags right for the host.
 
 Lifecycle of :class:`SGLangServer`: created (nothing runs) → ``start()`` spawns
-``python -m sglang.launch_server`` in a new process group → ``wait_healthy()`` polls
-``/health_generate`` until it answers or the process dies or a deadline passes →
-serving → ``stop()`` sends SIGTERM to the whole group (SGLang's scheduler and
-detokenizer subprocesses included), then SIGKILL after a grace period. ``stop()`` is
-idempotent and also runs on context-manager exit.
+``python -m sglang.launch_server`` in a new process group (here, or inside a host of
+an emulated network) → ``wait_healthy()`` polls ``/health`` until it answers, the
+process dies or a deadline passes → serving → ``stop()`` sends SIGTERM to the whole
+group (SGLang's scheduler and detokenizer subprocesses included), then SIGKILL after
+a grace period. ``stop()`` is idempotent and also runs on context-manager exit.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -22,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from topologies.process import HostProcess
 
 ROLES = ("colocated", "prefill", "decode")
 
@@ -123,45 +122,35 @@ class ServerError(RuntimeError):
 
 
 class SGLangServer:
-    """A running SGLang server process (see the module docstring for its lifecycle)."""
+    """A running SGLang server process (see the module docstring for its lifecycle).
 
-    def __init__(
-        self,
-        spec: ServerSpec,
-        log_path: Path,
-        wrap: Callable[[list[str]], list[str]] = lambda argv: argv,
-    ) -> None:
+    Runs on this host, or inside a host of an emulated network when ``net`` and
+    ``host`` are given (then ``spec.host`` should be that host's address).
+    """
+
+    def __init__(self, spec: ServerSpec, log_path: Path, net=None, host: str | None = None) -> None:
         self.spec = spec
         self.log_path = log_path
-        self._wrap = wrap  # e.g. prefix with "ip netns exec HOST"
-        self._proc: subprocess.Popen | None = None
+        self._net, self._host = net, host
+        self._proc: HostProcess | None = None
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
     def start(self) -> SGLangServer:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
-        self._proc = subprocess.Popen(
-            self._wrap(self.spec.argv()),
-            env=self.spec.env(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # its own process group: stop() reaches every child
-        )
-        log.close()
+        argv, env = self.spec.argv(), self.spec.env()
+        if self._net is not None:
+            self._proc = self._net.popen(self._host, argv, self.log_path, env)
+        else:
+            self._proc = HostProcess("local", None, argv, self.log_path, env).start()
         return self
 
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._proc.alive()
 
     def log_tail(self, lines: int = 25) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return "\n".join(self._proc.log().splitlines()[-lines:]) if self._proc else "(no log)"
 
     def wait_healthy(self, timeout: float = 240.0) -> None:
         deadline = time.monotonic() + timeout
@@ -185,26 +174,10 @@ class SGLangServer:
 
     def stop(self, grace: float = 20.0) -> int | None:
         """Terminate the server and every process in its group; returns its exit status."""
-        if self._proc is None:
-            return None
-        if self._proc.poll() is None:
-            _signal_group(self._proc.pid, signal.SIGTERM)
-            try:
-                self._proc.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                _signal_group(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(timeout=10)
-        # Children that outlived their parent are still in the group.
-        _signal_group(self._proc.pid, signal.SIGKILL)
-        return self._proc.returncode
+        return self._proc.stop(grace) if self._proc else None
 
     def __enter__(self) -> SGLangServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, sig)

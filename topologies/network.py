@@ -10,9 +10,13 @@ Lifecycle::
 link parameter cannot be applied), writes a state file, then creates one namespace
 per switch and host (``pddtb-<name>-<node>``); bridges, veths, qdiscs and nftables /
 iptables rules all live inside those namespaces, so deleting them removes everything.
-``down()`` kills every process in them (emulation daemons, servers) by PID, deletes
-them and the state file; ``Network.down_by_name`` does the same after a ``kill -9``
-of the harness, from the state file and the namespace prefix alone.
+The harness itself joins site A through one veth (``pddtb-<name>`` in the initial
+namespace, 10.77.1.254, a route to the other sites via gateway A), so it can reach
+servers and the router like any site-A host; its peer lives in site A's switch
+namespace and vanishes with it. ``down()`` kills every process in the namespaces
+(emulation daemons, servers) by PID, deletes them and the state file;
+``Network.down_by_name`` does the same after a ``kill -9`` of the harness, from the
+state file and the namespace prefix alone.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from topologies.emulation import get_backend
 from topologies.emulation.base import AppliedLink, LinkEnd
 from topologies.netns import PREFIX, NetworkError, list_namespaces, ns_name, pids_in, run
 from topologies.process import HostProcess
+from topologies.site import SUBNET_BASE
 from topologies.spec import NetworkSpec
 
 STATE_DIR = Path(os.environ.get("PDD_STATE_DIR", "/run/pdd-testbed"))
+HARNESS_HOST = 254  # the harness's address in site A: 10.77.1.254
 
 
 class Network:
@@ -61,6 +67,10 @@ class Network:
     def hosts_with_role(self, role: str) -> list[str]:
         return [h for h in self.hosts if self.topo.nodeInfo(h)["role"] == role]
 
+    @property
+    def harness_address(self) -> str:
+        return f"{SUBNET_BASE}.1.{HARNESS_HOST}"
+
     def role(self, host: str) -> str:
         return self.topo.nodeInfo(host)["role"]
 
@@ -77,6 +87,12 @@ class Network:
             raise NetworkError("network emulation needs root (namespaces, tc, nftables)")
         if _state_path(self.name).exists() or list_namespaces(ns_name(self.name, "")):
             raise NetworkError(f"network {self.name!r} is already up; run `testbed net down` first")
+        others = [n for n in Network.names_up() if n != self.name]
+        if others:
+            # The harness's route into 10.77.0.0/16 exists once per host.
+            raise NetworkError(
+                f"network {others[0]!r} is up; one network at a time (testbed net down)"
+            )
         wan_links = [info for *_, info in self.topo.links(withInfo=True) if info["kind"] == "wan"]
         backend = None
         if any(info["spec"].impaired for info in wan_links):
@@ -98,6 +114,23 @@ class Network:
         self._up = True
         return self
 
+    def attach(self) -> Network:
+        """Use a network that an earlier command brought up (same spec required)."""
+        path = _state_path(self.name)
+        if not path.exists():
+            raise NetworkError(f"network {self.name!r} is not up (testbed net up SCENARIO)")
+        state = json.loads(path.read_text())
+        if state["spec"] != self.spec.model_dump():
+            raise NetworkError(f"network {self.name!r} is up with a different network spec")
+        self.backend_name = state["backend"]
+        self.applied = [AppliedLink(**link) for link in state["links"]]
+        self._up = True
+        return self
+
+    @property
+    def is_up(self) -> bool:
+        return self._up
+
     def down(self) -> None:
         Network.down_by_name(self.name)
         self._up = False
@@ -113,6 +146,9 @@ class Network:
         _kill_processes_in(sorted(namespaces))
         for ns in sorted(namespaces):
             run(["ip", "netns", "del", ns], check=False)
+        # Normally gone with its peer's namespace; a crash between the two steps of
+        # creating it could leave it alone.
+        run(["ip", "link", "del", f"{PREFIX}{name}"[:15]], check=False)
         state.unlink(missing_ok=True)
         return sorted(namespaces)
 
@@ -170,6 +206,7 @@ class Network:
             run(["ip", "link", "set", "br0", "up"], ns=ns)
         for n1, n2, info in topo.links(withInfo=True):
             self._add_link(n1, n2, info)
+        self._attach_harness()
         cc = self.spec.wan.congestion_control
         allow_congestion_control(cc)
         for host in topo.hosts():
@@ -181,6 +218,36 @@ class Network:
                     run(["ip", "route", "add", subnet, "via", via], ns=ns)
             elif node.get("defaultRoute"):
                 run(["ip", "route", "add", "default", *node["defaultRoute"].split()], ns=ns)
+
+    @property
+    def harness_intf(self) -> str:
+        return f"{PREFIX}{self.name}"[:15]
+
+    def _attach_harness(self) -> None:
+        switch_ns = self.ns(self.topo.switches()[0])
+        subnet = f"{SUBNET_BASE}.1"
+        intf = self.harness_intf
+        run(
+            [
+                "ip",
+                "link",
+                "add",
+                intf,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "harness",
+                "netns",
+                switch_ns,
+            ]
+        )
+        run(["ip", "link", "set", "harness", "master", "br0"], ns=switch_ns)
+        run(["ip", "link", "set", "harness", "up"], ns=switch_ns)
+        run(["ip", "addr", "add", f"{subnet}.{HARNESS_HOST}/24", "dev", intf])
+        run(["ip", "link", "set", intf, "up"])
+        if any(self.role(h) == "gateway" for h in self.topo.hosts()):
+            run(["ip", "route", "add", f"{SUBNET_BASE}.0.0/16", "via", f"{subnet}.1", "dev", intf])
 
     def _add_link(self, n1: str, n2: str, info: dict) -> None:
         topo, spec = self.topo, info["spec"]

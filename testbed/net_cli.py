@@ -1,0 +1,139 @@
+"""``testbed net up|down|check|status``: the emulated network on its own."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from testbed.scenario import Scenario, ScenarioError
+from topologies.emulation import EmulationError
+from topologies.netns import NetworkError
+from topologies.network import Network
+
+net_app = typer.Typer(
+    help="Bring a scenario's emulated network up, down, or measure it.", no_args_is_help=True
+)
+console = Console()
+
+NAME = typer.Option("default", "--name", help="Network name (namespaces pddtb-NAME-*).")
+
+
+def _load(scenario: str) -> Scenario:
+    try:
+        return Scenario.load(scenario)
+    except ScenarioError as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from exc
+
+
+def fail(exc: Exception) -> typer.Exit:
+    console.print(f"[red]error:[/red] {exc}", highlight=False)
+    return typer.Exit(1)
+
+
+def hosts_table(net: Network) -> Table:
+    table = Table(title=f"network {net.name!r} ({net.spec.topology})")
+    for col in ("host", "role", "site", "address"):
+        table.add_column(col)
+    for host in net.hosts:
+        table.add_row(host, net.role(host), net.site(host), net.address(host))
+    return table
+
+
+def links_table(net: Network) -> Table:
+    table = Table(title=f"emulated links (backend: {net.backend_name or 'none needed'})")
+    for col in ("link", "parameter", "value", "applied by"):
+        table.add_column(col)
+    for link in net.applied:
+        for param, mechanism in link.mechanisms.items():
+            table.add_row(link.name, param, str(link.spec[param]), mechanism)
+    return table
+
+
+@net_app.command("up")
+def net_up(
+    scenario: str = typer.Argument(..., help="Scenario file or name in scenarios/."),
+    name: str = NAME,
+) -> None:
+    """Create the scenario's namespaces, bridges and links; leave them up."""
+    sc = _load(scenario)
+    try:
+        net = Network(sc.network, name).up()
+    except (NetworkError, EmulationError, ValueError) as exc:
+        raise fail(exc) from exc
+    console.print(hosts_table(net))
+    console.print(links_table(net))
+    console.print(
+        f"up; this host reaches site A as {net.harness_address}. "
+        f"`testbed net down --name {name}` removes everything."
+    )
+
+
+@net_app.command("down")
+def net_down(
+    name: str = NAME,
+    all_: bool = typer.Option(False, "--all", help="Every testbed network on this host."),
+) -> None:
+    """Kill every process in the network's namespaces and delete them (works after a crash)."""
+    names = Network.names_up() if all_ else [name]
+    for n in names:
+        removed = Network.down_by_name(n)
+        console.print(f"network {n!r}: removed {len(removed)} namespaces")
+
+
+@net_app.command("status")
+def net_status() -> None:
+    """List the testbed networks that are up."""
+    names = Network.names_up()
+    console.print("\n".join(names) if names else "no testbed network is up")
+
+
+@net_app.command("check")
+def net_check(
+    scenario: str = typer.Argument(..., help="Scenario file or name in scenarios/."),
+    name: str = NAME,
+    seconds: float = typer.Option(8.0, help="Seconds per iperf3 measurement."),
+    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+) -> None:
+    """Measure each link (iperf3, ping) against its spec; exit 1 if any is out of tolerance."""
+    from topologies.check import check_network
+
+    sc = _load(scenario)
+    net = Network(sc.network, name)
+    try:
+        ours = name not in Network.names_up()
+        net.up() if ours else net.attach()
+        try:
+            rows = check_network(net, seconds)
+        finally:
+            if ours:
+                net.down()
+    except (NetworkError, EmulationError, RuntimeError, ValueError) as exc:
+        raise fail(exc) from exc
+    if as_json:
+        print(json.dumps([r.as_row() for r in rows], indent=2))
+    else:
+        console.print(check_table(rows, net.backend_name))
+    if not all(r.ok for r in rows):
+        console.print("[red]out of tolerance[/red]")
+        raise typer.Exit(1)
+
+
+def check_table(rows, backend: str | None) -> Table:
+    table = Table(title=f"link check, configured vs measured (backend: {backend or 'none'})")
+    for col in ("link", "quantity", "configured", "measured", "tolerance", "ok"):
+        table.add_column(col)
+    for r in rows:
+        configured = "-" if r.configured is None else f"{r.configured:.3f}"
+        table.add_row(
+            r.link,
+            r.quantity,
+            configured,
+            f"{r.measured:.3f}",
+            r.tolerance,
+            "[green]yes[/green]" if r.ok else "[red]NO[/red]",
+        )
+    return table
