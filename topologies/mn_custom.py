@@ -1,7 +1,9 @@
 """The testbed's topologies for Mininet's own CLI.
 
-    sudo mn --custom topologies/mn_custom.py --topo two_site \\
-        --switch lxbr --controller none --link tc
+Run mn with the venv's interpreter (the topologies need pydantic)::
+
+    sudo .venv/bin/python $(which mn) --custom topologies/mn_custom.py \\
+        --topo two_site --switch lxbr --controller none --test pingall
 
 ``--topo two_site,hosts=...`` is not supported by mn's argument parser for dicts; use
 the defaults (one host per role) or build from Python. Note that Mininet's TCLink
@@ -9,10 +11,13 @@ the defaults (one host per role) or build from Python. Note that Mininet's TCLin
 ``testbed net up`` refuses instead (see topologies.emulation).
 """
 
+import inspect
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# mn exec()s this file without __file__; the code object still knows its path.
+_here = os.path.abspath(inspect.currentframe().f_code.co_filename)
+sys.path.insert(0, os.path.dirname(os.path.dirname(_here)))
 
 from topologies.topo import TOPOLOGIES  # noqa: E402
 

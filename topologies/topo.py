@@ -50,7 +50,7 @@ class SiteTopo(Topo):
             self._add_wan(a, b, wan or LinkSpec(), i, sites)
 
     def _add_site(self, site: SiteSpec, with_gateway: bool) -> None:
-        switch = self.addSwitch(site.switch, site=site.name)
+        switch = self.addSwitch(site.switch, site=site.name, dpid=f"{site.index:016x}")
         route = {"defaultRoute": f"via {site.gateway_ip}"} if with_gateway else {}
         for offset, (name, role) in enumerate(site.host_names()):
             ip = f"{SUBNET_BASE}.{site.index}.{HOST_OFFSET + offset}/24"

@@ -1,0 +1,139 @@
+"""The emulated network, measured: reachability, delay, jitter, rate, loss, LAN, teardown."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from topologies.check import iperf, ping
+from topologies.emulation import EmulationError, get_backend
+from topologies.link import LinkSpec
+from topologies.netns import list_namespaces, run
+from topologies.network import STATE_DIR, Network
+from topologies.spec import NetworkSpec
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.mark.parametrize("topology", ["two_site", "one_site"])
+def test_every_host_reaches_every_host(make_network, topology):
+    net = make_network(topology=topology)
+    for src, dst in itertools.permutations(net.hosts, 2):
+        done = net.run(src, ["ping", "-c", "1", "-W", "2", net.address(dst)], check=False)
+        assert done.returncode == 0, f"{src} cannot reach {dst}"
+    # The harness reaches every host too (it joins site A).
+    for host in net.hosts:
+        assert run(["ping", "-c", "1", "-W", "2", net.address(host)], check=False).returncode == 0
+
+
+def test_wan_delay_and_jitter(make_network):
+    net = make_network(LinkSpec(delay_ms=10))
+    stats = ping(net, "c1", "md1", count=100)
+    assert abs(stats.avg_ms - 20.0) <= 1.0, stats
+    net.down()
+
+    spec = LinkSpec(delay_ms=10, jitter_ms=2)
+    net = make_network(spec)
+    stats = ping(net, "c1", "md1", count=200)
+    assert abs(stats.mdev_ms - spec.expected_rtt_mdev_ms) <= 0.3 * spec.expected_rtt_mdev_ms, stats
+    assert abs(stats.avg_ms - 20.0) <= 1.0, stats
+
+
+def test_tcp_goodput_follows_the_wan_rate(make_network):
+    net = make_network(LinkSpec(rate_mbit=100, delay_ms=5, congestion_control="cubic"))
+    end = iperf(net, "p1", "md1", seconds=8)
+    mbit = end["sum_received"]["bits_per_second"] / 1e6
+    assert abs(mbit - 100) <= 10, f"{mbit:.1f} Mbit/s over a 100 Mbit/s WAN"
+
+
+def test_random_loss_is_applied_per_packet(make_network):
+    net = make_network(LinkSpec(rate_mbit=100, loss_pct=1.0))
+    udp = iperf(net, "p1", "md1", seconds=8, udp_mbit=50)["sum"]
+    assert udp["packets"] > 20_000
+    assert abs(udp["lost_percent"] - 1.0) <= 0.2, udp
+
+
+def test_lan_is_not_rate_limited(make_network):
+    net = make_network(LinkSpec(rate_mbit=50, delay_ms=5))
+    end = iperf(net, "p1", "rld1", seconds=3)
+    assert end["sum_received"]["bits_per_second"] >= 2e9
+
+
+def test_rates_above_1000_mbit_are_applied(make_network):
+    net = make_network(LinkSpec(rate_mbit=2000))
+    qdisc = net.run("gwA", ["tc", "class", "show", "dev", "eth1"]).stdout
+    assert "rate 2Gbit" in qdisc
+
+
+def test_backend_is_recorded_per_parameter(make_network):
+    net = make_network(LinkSpec(rate_mbit=100, delay_ms=5, jitter_ms=1, loss_pct=0.5))
+    (link,) = net.applied
+    assert set(link.mechanisms) >= {"rate_mbit", "delay_ms", "jitter_ms", "loss_pct"}
+    state = json.loads((STATE_DIR / f"{net.name}.json").read_text())
+    assert state["links"][0]["mechanisms"] == link.mechanisms
+    assert state["backend"] == net.backend_name
+
+
+def test_unavailable_backend_refuses_before_building_anything():
+    if get_backend("auto").name == "netem":
+        pytest.skip("this kernel has netem; the refusal path needs one without it")
+    spec = NetworkSpec(wan=LinkSpec(delay_ms=10), backend="netem")
+    with pytest.raises(EmulationError, match="netem"):
+        Network(spec, name="refuse").up()
+    assert not list_namespaces("pddtb-refuse-")
+
+
+HARNESS = """
+import sys, time
+from topologies.link import LinkSpec
+from topologies.network import Network
+from topologies.spec import NetworkSpec
+net = Network(NetworkSpec(wan=LinkSpec(rate_mbit=100, delay_ms=5, loss_pct=1)), "crash").up()
+net.popen("md1", ["sleep", "600"], __import__("pathlib").Path(sys.argv[1]))
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def test_down_after_kill_9_of_the_harness_leaves_nothing(tmp_path):
+    harness = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, str(tmp_path / "sleep.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.getcwd(),
+    )
+    try:
+        assert harness.stdout.readline().strip() == "up"
+        state = json.loads((STATE_DIR / "crash.json").read_text())
+        daemons = state["links"][0]["daemon_pids"]
+        in_netns = [pid for ns in state["namespaces"] for pid in _pids(ns)]
+        assert daemons and in_netns
+        os.kill(harness.pid, signal.SIGKILL)
+        harness.wait()
+    finally:
+        Network.down_by_name("crash")
+    assert not list_namespaces("pddtb-crash-")
+    assert not (STATE_DIR / "crash.json").exists()
+    assert "pddtb-crash" not in run(["ip", "-br", "link"]).stdout
+    time.sleep(0.2)
+    for pid in daemons + in_netns:
+        assert not _alive(pid), f"process {pid} outlived the network"
+
+
+def _pids(ns: str) -> list[int]:
+    return [int(p) for p in run(["ip", "netns", "pids", ns]).stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

@@ -1,0 +1,70 @@
+"""Invalid link, network and scenario specs give clear errors before anything is built."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from testbed.scenario import Scenario, ScenarioError
+from topologies.link import LinkSpec
+from topologies.spec import NetworkSpec
+from topologies.topo import one_site, two_site
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"delay_ms": -1}, "delay_ms"),
+        ({"loss_pct": 101}, "loss_pct"),
+        ({"rate_mbit": 0}, "rate_mbit"),
+        ({"delay_ms": 1, "jitter_ms": 2}, "jitter_ms .* cannot exceed delay_ms"),
+        ({"congestion_control": "vegas"}, "congestion_control must be one of"),
+        ({"mtu": 100}, "mtu"),
+        ({"bandwidth": 10}, "bandwidth"),  # a typo is refused, not ignored
+    ],
+)
+def test_invalid_link_specs_are_refused(fields, message):
+    with pytest.raises(ValidationError, match=message):
+        LinkSpec(**fields)
+
+
+def test_unknown_backend_and_topology_are_refused():
+    with pytest.raises(ValidationError, match="unknown emulation backend 'tc-magic'"):
+        NetworkSpec(backend="tc-magic")
+    with pytest.raises(ValidationError, match="unknown topology 'ring'"):
+        NetworkSpec(topology="ring")
+    with pytest.raises(ValidationError, match="LAN links are RDMA-class"):
+        NetworkSpec(lan=LinkSpec(delay_ms=1))
+
+
+def test_scenario_file_errors_name_every_bad_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("network:\n  wan: {delay_ms: -5, loss_pct: 150}\n  backend: nope\n")
+    with pytest.raises(ScenarioError) as err:
+        Scenario.load(bad)
+    text = str(err.value)
+    for field in ("network.wan.delay_ms", "network.wan.loss_pct", "network.backend"):
+        assert field in text
+    with pytest.raises(ScenarioError, match="no scenario 'missing'"):
+        Scenario.load("missing")
+    (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+    with pytest.raises(ScenarioError, match="mapping"):
+        Scenario.load(tmp_path / "list.yaml")
+
+
+def test_shipped_scenarios_validate():
+    assert Scenario.load("default").network.wan.rate_mbit == 100
+    assert Scenario.load("same_site").network.topology == "one_site"
+
+
+def test_topologies_place_roles_in_their_sites():
+    topo = two_site(hosts={"prefill": 2, "main_decode": 3})
+    sites = {h: topo.nodeInfo(h)["site"] for h in topo.hosts()}
+    assert {h for h, s in sites.items() if s == "B"} == {"md1", "md2", "md3", "gwB"}
+    assert {"p1", "p2", "rld1", "rt1", "c1", "gwA"} <= {h for h, s in sites.items() if s == "A"}
+    wan = [i for *_, i in topo.links(withInfo=True) if i["kind"] == "wan"]
+    assert len(wan) == 1
+
+    single = one_site()
+    assert {single.nodeInfo(h)["site"] for h in single.hosts()} == {"A"}
+    assert not [i for *_, i in single.links(withInfo=True) if i["kind"] == "wan"]
