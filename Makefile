@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint format bench clean help
+.PHONY: setup test test-fast lint format bench bench-net clean help
 
 help:            ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -28,3 +28,6 @@ bench:           ## serve the default model and print measured TTFT/ITL
 
 clean:           ## remove run outputs (keeps the venv)
 	rm -rf runs .pytest_cache
+
+bench-net:       ## link fidelity, configured vs measured, over rates x delays x losses (CSV)
+	$(BIN)/testbed net bench

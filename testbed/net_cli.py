@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -137,3 +139,48 @@ def check_table(rows, backend: str | None) -> Table:
             "[green]yes[/green]" if r.ok else "[red]NO[/red]",
         )
     return table
+
+
+@net_app.command("bench")
+def net_bench(
+    out: Path = typer.Option(Path("runs"), help="Directory for the CSV."),
+    seconds: float = typer.Option(4.0, help="Seconds per iperf3 measurement."),
+    quick: bool = typer.Option(False, help="One rate, one delay, two losses (a smoke run)."),
+) -> None:
+    """Fidelity table over WAN rates x delays x losses, with the emulation's CPU cost."""
+    from topologies import fidelity
+
+    grid = (
+        ((100,), (10,), (0.0, 1.0))
+        if quick
+        else (fidelity.RATES_MBIT, fidelity.DELAYS_MS, fidelity.LOSSES_PCT)
+    )
+    path = out / time.strftime("bench-net-%Y%m%d-%H%M%S") / "fidelity.csv"
+
+    def show(row):
+        mark = "ok" if row["ok"] else "OUT"
+        console.print(
+            f"{row['rate_mbit']:>4} Mbit {row['delay_ms']:>3} ms {row['loss_pct']:>4}% "
+            f"{row['quantity']:<18} configured {row['configured']!s:<8} "
+            f"measured {row['measured']:.3f} {mark}  "
+            f"(delayd CPU {row['emulation_cpu_core_share']:.0%} of a core)",
+            highlight=False,
+        )
+
+    try:
+        rows = fidelity.sweep(*grid, seconds=seconds, on_row=show)
+    except (NetworkError, EmulationError, RuntimeError) as exc:
+        raise fail(exc) from exc
+    fidelity.write_csv(rows, path)
+    console.print(check_table([_Row(r) for r in rows], rows[0]["backend"]))
+    bad = sum(not r["ok"] for r in rows)
+    console.print(f"{len(rows) - bad}/{len(rows)} within tolerance; CSV: {path}")
+
+
+class _Row:
+    """A CSV row seen as a check Measurement, labelled with its WAN setting."""
+
+    def __init__(self, row: dict) -> None:
+        self.link = f"{row['rate_mbit']}M/{row['delay_ms']}ms/{row['loss_pct']}%"
+        self.quantity, self.configured = row["quantity"], row["configured"]
+        self.measured, self.tolerance, self.ok = row["measured"], row["tolerance"], row["ok"]

@@ -186,7 +186,7 @@ def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
         rows.append(
             Measurement(
                 f"LAN {src}->{dst}",
-                "tcp_goodput_mbit",
+                "lan_goodput_mbit",
                 None,
                 lan,
                 f">= {LAN_MIN_MBIT:.0f}",
