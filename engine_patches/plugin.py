@@ -12,3 +12,8 @@ def load() -> None:
     # Already installed by the .pth in a venv set up by make setup; idempotent, and
     # keeps a plain ``pip install`` (without the .pth) working for late imports.
     install_import_hooks()
+    from engine_patches import idle
+    from engine_patches.kv_transfer.register import register as register_tcp_backend
+
+    register_tcp_backend()
+    idle.register()

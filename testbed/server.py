@@ -71,6 +71,8 @@ class ServerSpec:
             "--max-total-tokens", str(self.max_total_tokens),
             "--mem-fraction-static", str(self.mem_fraction_static),
             "--log-level", "info",
+            # Block on the sockets when idle instead of spinning a core per server.
+            "--sleep-on-idle",
         ]  # fmt: skip
         if not self.cuda:
             # The CPU engine: torch_native attention (the x86 default needs AMX

@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from topologies.check import check_network
+from topologies.check import Measurement, check_network
 from topologies.link import LinkSpec
 from topologies.network import Network
 from topologies.spec import NetworkSpec
@@ -50,7 +50,7 @@ def sweep(
         with Network(NetworkSpec(wan=wan, backend=backend), name="fidelity") as net:
             pids = [pid for link in net.applied for pid in link.daemon_pids]
             cpu0, t0 = cpu_seconds(pids), time.monotonic()
-            measured = check_network(net, seconds)
+            measured = _measure(net, seconds)
             cpu_share = (cpu_seconds(pids) - cpu0) / (time.monotonic() - t0)
         for m in measured:
             row = {
@@ -65,6 +65,18 @@ def sweep(
             if on_row:
                 on_row(row)
     return rows
+
+
+def _measure(net: Network, seconds: float, attempts: int = 2) -> list[Measurement]:
+    """check_network, retried once; a measurement that still fails is a failed row."""
+    for attempt in range(attempts):
+        try:
+            return check_network(net, seconds)
+        except RuntimeError as exc:
+            error = str(exc)
+            if attempt + 1 < attempts:
+                time.sleep(1.0)
+    return [Measurement("WAN", "measurement_error", None, float("nan"), error[:200], False)]
 
 
 def write_csv(rows: list[dict], path: Path) -> None:

@@ -1,0 +1,33 @@
+"""Keep PD schedulers from spinning a core each while they wait.
+
+A PD scheduler that has transfers in flight but nothing to compute polls with
+``time.sleep(0)``: on a 2-core host, prefill and decode then burn both cores
+and every forward pass slows down several-fold. After SGLang's own ``on_idle``
+(which, with ``--sleep-on-idle``, blocks on its sockets when fully idle), this
+hook sleeps a short poll interval while transfers are pending. The interval
+(``PDD_PD_POLL_INTERVAL_S``, default 1 ms) bounds the latency it adds to noticing
+a finished transfer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+TARGET = "sglang.srt.managers.scheduler.Scheduler.on_idle"
+POLL_INTERVAL_S = float(os.environ.get("PDD_PD_POLL_INTERVAL_S", "0.001"))
+
+
+def on_idle_around(original, scheduler, *args, **kwargs):
+    result = original(scheduler, *args, **kwargs)
+    mode = getattr(scheduler, "disaggregation_mode", None)
+    in_pd = mode is not None and getattr(mode, "value", "null") != "null"
+    if in_pd and POLL_INTERVAL_S > 0 and not scheduler.is_fully_idle():
+        time.sleep(POLL_INTERVAL_S)
+    return result
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    HookRegistry.register(TARGET, on_idle_around, HookType.AROUND)

@@ -1,0 +1,19 @@
+"""``tcp``: a KV-cache transfer backend for SGLang PD disaggregation over plain TCP.
+
+Moves the actual KV pages from a prefill server's pool into a decode server's pool
+(works on CPU, and through an emulated WAN). One TCP connection per transfer, opened
+by the decode side to the prefill server's bootstrap port:
+
+    decode                                   prefill (scheduler process)
+    send_metadata ── TransferRequest ──────▶ listener: request parked by room
+                                              sender.poll: Bootstrapping → WaitingForInput
+                                              send(pages) … (as chunks become ready)
+    write pages   ◀────────── KvChunk* ────── (checksummed, only pages decode lacks)
+    write aux     ◀────────── Aux ─────────── last chunk: first token, metadata
+    verify counts ◀────────── Done ─────────
+                  ────────── Ack ─────────▶  sender.poll: Success
+    poll: Success
+
+Any timeout, reset or abort ends the transfer as ``KVPoll.Failed`` on both sides with
+the reason in ``failure_exception()``. See :mod:`.messages` for the wire format.
+"""

@@ -1,0 +1,182 @@
+"""The tcp backend's manager (one per scheduler) and its bootstrap-server placeholder.
+
+Lifecycle (prefill mode): constructed by SGLang with the pool's ``KVArgs`` → starts a
+listener thread on ``--disaggregation-bootstrap-port`` (in the scheduler process,
+where the KV pool lives) → each accepted connection delivers one
+``TransferRequest``, parked by room until that room's sender claims it (or expires)
+→ the sender owns the connection from then on. Decode mode runs no thread; each
+receiver opens its own connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from sglang.srt.disaggregation.base.conn import BaseKVBootstrapServer, BaseKVManager
+
+from engine_patches.kv_transfer.messages import (
+    MsgType,
+    ProtocolError,
+    TransferRequest,
+    recv_frame,
+    send_frame,
+)
+from engine_patches.kv_transfer.pool import BufferSet, layout_digest
+from engine_patches.kv_transfer.transfer_log import TransferLog
+
+logger = logging.getLogger("pdd.kv_transfer")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Seconds. ``idle``: no progress on a flowing transfer (a cut WAN ends here)."""
+
+    connect: float = 10.0
+    bootstrap: float = 300.0  # prefill waits this long for decode's request
+    first_data: float = 300.0  # decode waits this long for prefill to compute
+    idle: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> Timeouts:
+        def get(name: str, default: float) -> float:
+            return float(os.environ.get(f"PDD_KV_{name.upper()}_TIMEOUT_S", default))
+
+        return cls(**{f: get(f, getattr(cls, f)) for f in cls.__dataclass_fields__})
+
+
+@dataclass
+class Incoming:
+    """A decode server's request for one room, parked until the sender claims it."""
+
+    conn: socket.socket
+    peer: str
+    request: TransferRequest
+    arrived: float
+
+
+class _SingleRankPrefills:
+    """What the decode scheduler asks about a prefill: always one rank, dp size 1."""
+
+    @dataclass(frozen=True)
+    class Info:
+        dp_size: int = 1
+        follow_bootstrap_room: bool = True
+
+    def get(self, addr, default=None):
+        return self.Info()
+
+
+class TcpKVManager(BaseKVManager):
+    enable_all_cp_ranks_for_transfer = False
+
+    def __init__(self, args, disaggregation_mode, server_args, is_mla_backend=False, **_):
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+
+        unsupported = [str(t) for t in getattr(args, "state_types", []) or []]
+        if unsupported:
+            raise NotImplementedError(
+                f"the tcp KV transfer backend moves full-attention KV pages only; "
+                f"this model also needs state buffers {unsupported}"
+            )
+        self.kv_args = args
+        self.mode = disaggregation_mode
+        self.server_args = server_args
+        self.page_size = args.page_size
+        self.pool = BufferSet(args.kv_data_ptrs, args.kv_data_lens, args.kv_item_lens)
+        self.aux = BufferSet(args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens)
+        self.layout = layout_digest(list(args.kv_item_lens), args.page_size)
+        self.timeouts = Timeouts.from_env()
+        self.log = TransferLog.from_env()
+        self.prefill_info_table = _SingleRankPrefills()
+        self._incoming: dict[int, Incoming] = {}
+        self._lock = threading.Lock()
+        if disaggregation_mode == DisaggregationMode.PREFILL:
+            host = getattr(server_args, "host", "0.0.0.0")
+            port = server_args.disaggregation_bootstrap_port
+            self._listener = socket.create_server((host, port), reuse_port=False, backlog=128)
+            threading.Thread(target=self._accept_loop, name="pdd-kv-accept", daemon=True).start()
+            logger.info("tcp KV transfer: prefill listening on %s:%d", host, port)
+
+    # -- SGLang's manager surface ---------------------------------------------------
+    def register_to_bootstrap(self) -> None:
+        """Nothing to register: decode connects to the bootstrap address directly."""
+
+    def try_ensure_parallel_info(self, bootstrap_addr: str) -> bool:
+        return True
+
+    def clear_deferred_abort_state(self, bootstrap_room: int) -> None:
+        pass
+
+    def is_abort_release_safe(self, bootstrap_room: int, required_acks: int) -> bool:
+        return True
+
+    # -- prefill side ---------------------------------------------------------------
+    def claim(self, room: int) -> Incoming | None:
+        """The parked request for ``room``, if decode has sent it (removes it)."""
+        with self._lock:
+            return self._incoming.pop(room, None)
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                conn, addr = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(
+                target=self._read_request,
+                args=(conn, f"{addr[0]}:{addr[1]}"),
+                name="pdd-kv-request",
+                daemon=True,
+            ).start()
+            self._expire_parked()
+
+    def _read_request(self, conn: socket.socket, peer: str) -> None:
+        try:
+            conn.settimeout(self.timeouts.connect)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            kind, room, body = recv_frame(conn)
+            if kind != MsgType.TRANSFER_REQUEST:
+                raise ProtocolError(f"expected a transfer request, got {kind.name}")
+            request = TransferRequest.decode(bytes(body))
+            if request.layout_digest != self.layout:
+                reason = "KV layout differs between prefill and decode (same model and page size?)"
+                send_frame(conn, MsgType.FAILURE, room, reason.encode())
+                conn.close()
+                logger.error("room %d from %s: %s", room, peer, reason)
+                return
+        except (OSError, ProtocolError, ValueError) as exc:
+            logger.warning("tcp KV transfer: bad request from %s: %s", peer, exc)
+            conn.close()
+            return
+        with self._lock:
+            stale = self._incoming.pop(room, None)
+            self._incoming[room] = Incoming(conn, peer, request, time.monotonic())
+        if stale is not None:
+            stale.conn.close()
+
+    def _expire_parked(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [
+                r for r, i in self._incoming.items() if now - i.arrived > self.timeouts.bootstrap
+            ]
+            for room in expired:
+                self._incoming.pop(room).conn.close()
+
+
+class TcpKVBootstrapServer(BaseKVBootstrapServer):
+    """A placeholder: the prefill scheduler's manager itself listens on the bootstrap port."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+    def close(self) -> None:
+        pass
+
+    def poll(self):
+        return None

@@ -1,0 +1,133 @@
+"""Wire messages of the tcp KV transfer backend: typed, explicitly encoded, versioned.
+
+Every frame is a 20-byte header (magic ``PDKV``, version, type, room, body length)
+followed by its body. Integers are big-endian.
+"""
+
+from __future__ import annotations
+
+import enum
+import socket
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = b"PDKV"
+VERSION = 1
+HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, reserved, room, body length
+MAX_BODY = 1 << 30
+
+
+class MsgType(enum.IntEnum):
+    TRANSFER_REQUEST = 1  # decode → prefill: where to put the pages
+    KV_CHUNK = 2  # prefill → decode: pages for every KV buffer
+    AUX = 3  # prefill → decode: the request's metadata row (first token, ...)
+    DONE = 4  # prefill → decode: totals, to verify
+    ACK = 5  # decode → prefill: all verified and written
+    FAILURE = 6  # either way: why the transfer ends
+
+
+class ProtocolError(ConnectionError):
+    """The peer sent something that is not a valid frame."""
+
+
+@dataclass(frozen=True)
+class TransferRequest:
+    decode_prefix_len: int
+    aux_index: int
+    layout_digest: int  # both sides must have the same KV layout
+    dst_pages: np.ndarray  # int32, decode's page ids for the pages it lacks
+
+    _FIXED = struct.Struct("!IiQI")
+
+    def encode(self) -> bytes:
+        pages = np.ascontiguousarray(self.dst_pages, dtype=">i4")
+        return (
+            self._FIXED.pack(self.decode_prefix_len, self.aux_index, self.layout_digest, len(pages))
+            + pages.tobytes()
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> TransferRequest:
+        prefix, aux, digest, n = cls._FIXED.unpack_from(body)
+        pages = np.frombuffer(body, dtype=">i4", count=n, offset=cls._FIXED.size)
+        return cls(prefix, aux, digest, pages.astype(np.int32))
+
+
+@dataclass(frozen=True)
+class KvChunkHeader:
+    """Pages ``[first, first + count)`` of the transfer's page list; payload follows."""
+
+    first: int
+    count: int
+    crc32: int
+
+    _FIXED = struct.Struct("!III")
+    size = _FIXED.size
+
+    def encode(self) -> bytes:
+        return self._FIXED.pack(self.first, self.count, self.crc32)
+
+    @classmethod
+    def decode(cls, body: bytes | memoryview) -> KvChunkHeader:
+        return cls(*cls._FIXED.unpack_from(body))
+
+
+@dataclass(frozen=True)
+class Done:
+    total_pages: int
+    total_bytes: int
+
+    _FIXED = struct.Struct("!IQ")
+
+    def encode(self) -> bytes:
+        return self._FIXED.pack(self.total_pages, self.total_bytes)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Done:
+        return cls(*cls._FIXED.unpack(body))
+
+
+def crc32(parts) -> int:
+    value = 0
+    for part in parts:
+        value = zlib.crc32(part, value)
+    return value
+
+
+def send_frame(sock: socket.socket, kind: MsgType, room: int, *parts) -> int:
+    """Send one frame (header + parts, which may be large buffers); returns bytes sent."""
+    length = sum(memoryview(p).nbytes for p in parts)
+    sock.sendall(HEADER.pack(MAGIC, VERSION, kind, 0, room, length))
+    for part in parts:
+        sock.sendall(part)
+    return HEADER.size + length
+
+
+def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray:
+    buf = into if into is not None else bytearray(n)
+    view = memoryview(buf)[:n]
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionResetError(f"peer closed the connection after {got} of {n} bytes")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> tuple[MsgType, int, bytearray]:
+    magic, version, kind, _, room, length = HEADER.unpack(recv_exact(sock, HEADER.size))
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {magic!r}: not a pdd-testbed KV transfer peer")
+    if version != VERSION:
+        raise ProtocolError(f"protocol version {version}, this side speaks {VERSION}")
+    if length > MAX_BODY:
+        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_BODY} limit")
+    try:
+        kind = MsgType(kind)
+    except ValueError as exc:
+        raise ProtocolError(f"unknown message type {kind}") from exc
+    return kind, room, recv_exact(sock, length)

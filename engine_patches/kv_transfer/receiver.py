@@ -1,0 +1,200 @@
+"""Decode side: one ``TcpKVReceiver`` per request.
+
+Lifecycle (``poll()``)::
+
+    Bootstrapping ──init()──▶ WaitingForInput ──send_metadata()──▶ Transferring
+                                                                   │ connect, request,
+                                                                   │ write pages as they come
+          Failed ◀── refused / reset / timeout / bad checksum ─────┤
+                                                                   └─ Done verified, Ack ──▶ Success
+
+A thread per transfer owns the connection; it writes each verified chunk straight into
+the pages decode preallocated, and the aux row into the request's metadata slot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import threading
+import time
+
+import numpy as np
+from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVPoll
+
+from engine_patches.kv_transfer.manager import TcpKVManager
+from engine_patches.kv_transfer.messages import (
+    Done,
+    KvChunkHeader,
+    MsgType,
+    ProtocolError,
+    TransferRequest,
+    crc32,
+    recv_frame,
+    send_frame,
+)
+from engine_patches.kv_transfer.sender import KVTransferError
+from engine_patches.kv_transfer.transfer_log import TransferRecord
+
+logger = logging.getLogger("pdd.kv_transfer")
+
+
+class TcpKVReceiver(BaseKVReceiver):
+    supports_host_destination = False
+    require_staging = False
+
+    def __init__(self, mgr: TcpKVManager, bootstrap_addr: str, bootstrap_room: int | None = None):
+        self.kv_mgr = mgr
+        self.bootstrap_addr = bootstrap_addr
+        self.room = bootstrap_room
+        self.abort_notified = False
+        self.bootstrap_infos: list = []
+        self._state = KVPoll.Bootstrapping
+        self._reason: str | None = None
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def conclude_state(self):
+        return self._state if self._state in (KVPoll.Success, KVPoll.Failed) else None
+
+    def init(self, prefill_dp_rank: int = 0) -> None:
+        if self._state == KVPoll.Bootstrapping:
+            self._state = KVPoll.WaitingForInput
+
+    def poll(self) -> KVPoll:
+        return self._state
+
+    def send_metadata(
+        self,
+        kv_indices,
+        aux_index=None,
+        state_indices=None,
+        decode_prefix_len=None,
+        destination=None,
+        **_,
+    ) -> None:
+        if state_indices and any(s is not None for s in state_indices):
+            self._fail("state buffers cannot be received by the tcp backend")
+            return
+        request = TransferRequest(
+            int(decode_prefix_len or 0),
+            -1 if aux_index is None else aux_index,
+            self.kv_mgr.layout,
+            np.asarray(kv_indices, dtype=np.int32),
+        )
+        self._state = KVPoll.Transferring
+        self._thread = threading.Thread(
+            target=self._run, args=(request,), name=f"pdd-kv-recv-{self.room}", daemon=True
+        )
+        self._thread.start()
+
+    def failure_exception(self):
+        raise KVTransferError(self._reason or "KV transfer failed")
+
+    def abort(self) -> None:
+        self._fail("aborted on the decode server")
+
+    def ensure_abort_notified(self, *, force_arm: bool = False) -> None:
+        """Nothing to wait for: closing the connection stops the prefill's writes."""
+
+    def is_abort_release_safe(self) -> bool:
+        return self._thread is None or not self._thread.is_alive()
+
+    def clear(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            sock.close()
+
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self._state in (KVPoll.Success, KVPoll.Failed):
+                return
+            self._state, self._reason = KVPoll.Failed, reason
+        logger.warning("tcp KV transfer room %s failed: %s", self.room, reason)
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                send_frame(sock, MsgType.FAILURE, self.room or 0, reason.encode())
+            sock.close()
+
+    # -- worker -----------------------------------------------------------------------
+    def _run(self, request: TransferRequest) -> None:
+        mgr, timeouts = self.kv_mgr, self.kv_mgr.timeouts
+        record = TransferRecord(
+            room=self.room,
+            side="decode",
+            peer=self.bootstrap_addr,
+            start=time.time(),
+            decode_prefix_len=request.decode_prefix_len,
+            page_size=mgr.page_size,
+        )
+        pages = request.dst_pages
+        received = 0
+        try:
+            host, port = self.bootstrap_addr.rsplit(":", 1)
+            self._sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._state == KVPoll.Failed:  # aborted while connecting
+                return
+            record.wire_bytes += send_frame(
+                self._sock, MsgType.TRANSFER_REQUEST, self.room, request.encode()
+            )
+            self._sock.settimeout(timeouts.first_data)  # prefill may still be computing
+            while True:
+                kind, _, body = recv_frame(self._sock)
+                self._sock.settimeout(timeouts.idle)
+                record.wire_bytes += 20 + len(body)
+                view = memoryview(body)
+                if kind == MsgType.KV_CHUNK:
+                    head = KvChunkHeader.decode(view)
+                    payload = view[KvChunkHeader.size :]
+                    if crc32([payload]) != head.crc32:
+                        raise ProtocolError(f"checksum mismatch in pages {head.first}..")
+                    if head.first + head.count > len(pages):
+                        raise ProtocolError("chunk beyond the pages decode allocated")
+                    mgr.pool.write(pages[head.first : head.first + head.count], payload)
+                    received += head.count
+                    record.pages += head.count
+                    record.kv_bytes += len(payload)
+                elif kind == MsgType.AUX:
+                    if crc32([view[4:]]) != int.from_bytes(view[:4], "big"):
+                        raise ProtocolError("checksum mismatch in the metadata row")
+                    if request.aux_index >= 0:
+                        mgr.aux.write(np.array([request.aux_index]), view[4:])
+                elif kind == MsgType.DONE:
+                    done = Done.decode(bytes(body))
+                    if done.total_pages != received or received != len(pages):
+                        raise ProtocolError(
+                            f"received {received} pages, prefill sent "
+                            f"{done.total_pages}, decode expected {len(pages)}"
+                        )
+                    send_frame(self._sock, MsgType.ACK, self.room)
+                    with self._lock:
+                        if self._state != KVPoll.Failed:
+                            self._state = KVPoll.Success
+                    record.status = "success"
+                    return
+                elif kind == MsgType.FAILURE:
+                    raise KVTransferError(f"prefill reported: {body.decode(errors='replace')}")
+                else:
+                    raise ProtocolError(f"unexpected {kind.name} from prefill")
+        except TimeoutError as exc:
+            self._fail(
+                f"KV transfer from {self.bootstrap_addr} stalled "
+                f"after {received}/{len(pages)} pages ({exc or 'timed out'})"
+            )
+        except (OSError, ProtocolError, KVTransferError, ValueError) as exc:
+            self._fail(
+                f"KV transfer from {self.bootstrap_addr} failed after "
+                f"{received}/{len(pages)} pages: {exc}"
+            )
+        finally:
+            if record.status != "success":
+                record.status, record.reason = "failed", self._reason
+            record.end = time.time()
+            mgr.log.write(record)
+            if self._sock is not None:
+                self._sock.close()
