@@ -1,0 +1,41 @@
+"""Finds a request's KV transfer in the servers' transfer logs, by bootstrap room."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+
+class TransferIndex:
+    """Reads the decode-side transfer logs incrementally; looks records up by room."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._offsets = {Path(p): 0 for p in paths}
+        self._by_room: dict[int, dict] = {}
+
+    def _refresh(self) -> None:
+        for path, offset in self._offsets.items():
+            try:
+                with open(path) as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except FileNotFoundError:
+                continue
+            complete = chunk[: chunk.rfind("\n") + 1]
+            self._offsets[path] = offset + len(complete.encode())
+            for line in complete.splitlines():
+                rec = json.loads(line)
+                if rec.get("side") == "decode":
+                    self._by_room[rec["room"]] = rec
+
+    async def lookup(self, room: int, wait_s: float = 1.0) -> dict | None:
+        """The decode side's record for ``room``; waits briefly for it to be written."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            self._refresh()
+            if room in self._by_room:
+                return self._by_room.pop(room)
+            if asyncio.get_running_loop().time() >= deadline:
+                return None
+            await asyncio.sleep(0.05)
