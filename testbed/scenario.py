@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from topologies.spec import NetworkSpec
 
@@ -17,12 +17,66 @@ class ScenarioError(ValueError):
     """An invalid or missing scenario; the message lists every problem by field."""
 
 
+class ModelSpec(BaseModel):
+    """Either a model directory, or the shape of a tiny model to build."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: Path | None = Field(None, description="A Hugging Face model directory.")
+    shape: dict = Field(default_factory=dict, description="ModelShape overrides (tiny model).")
+
+    def resolve(self) -> Path:
+        from testbed import model as model_mod
+
+        if self.path is not None:
+            if not (self.path / "config.json").exists():
+                raise ScenarioError(f"model.path {self.path} has no config.json")
+            return self.path
+        return model_mod.build(model_mod.ModelShape(**self.shape))
+
+
+class ServersSpec(BaseModel):
+    """How every SGLang server of the scenario is launched."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_total_tokens: int = Field(65536, gt=0, description="KV pool size per server (tokens).")
+    mem_fraction_static: float = Field(0.05, gt=0, le=1)
+    decode_radix_cache: bool = Field(True, description="Decode-side prefix cache (DRC).")
+    kv_idle_timeout_s: float = Field(
+        30.0, gt=0, description="A stalled KV transfer fails after this."
+    )
+    port: int = Field(30000, description="HTTP port of every server (each has its own host).")
+    bootstrap_port: int = Field(8998, description="Prefill servers' KV transfer port.")
+    router_port: int = Field(8000, description="The router's port on the router host.")
+    startup_timeout_s: float = Field(300.0, gt=0)
+    extra_args: list[str] = Field(
+        default_factory=list, description="More sglang.launch_server flags."
+    )
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = Field(..., description="Short name, used for run directories.")
     description: str = Field("", description="What the scenario shows.")
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="Topology and links.")
+    model: ModelSpec = Field(default_factory=ModelSpec, description="What the servers serve.")
+    servers: ServersSpec = Field(default_factory=ServersSpec, description="Server settings.")
+    systems: list[str] = Field(
+        default_factory=lambda: ["colocated", "same_site_pd", "cross_site_pd"],
+        description="Systems to compare (see testbed.systems).",
+    )
+
+    @field_validator("systems")
+    @classmethod
+    def _known_systems(cls, v: list[str]) -> list[str]:
+        from testbed.systems import SYSTEMS
+
+        unknown = [s for s in v if s not in SYSTEMS]
+        if unknown:
+            raise ValueError(f"unknown systems {unknown}; known: {', '.join(SYSTEMS)}")
+        return v
 
     @classmethod
     def load(cls, ref: str | Path) -> Scenario:

@@ -49,6 +49,7 @@ class ServerSpec:
     bootstrap_port: int = 8998
     decode_radix_cache: bool = True
     extra_args: tuple[str, ...] = ()
+    extra_env: tuple[tuple[str, str], ...] = ()
     cuda: bool = field(default_factory=host_has_cuda)
 
     def __post_init__(self) -> None:
@@ -83,6 +84,7 @@ class ServerSpec:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.update(self.extra_env)
         if not self.cuda:
             env["SGLANG_USE_CPU_ENGINE"] = "1"
         return env

@@ -1,0 +1,216 @@
+"""Deployment: one system of a scenario, running on its emulated network.
+
+Lifecycle::
+
+    Deployment(scenario, system, run_dir) ──up()──▶ serving ──down()──▶ stopped
+      up(): network up → model resolved → every SGLang server started in its host's
+            namespace (in parallel) and healthy → router started on the router host
+            and healthy → manifest written.  Any failure tears everything down again.
+      down(): router and servers stopped (SIGTERM, then SIGKILL), network torn down.
+
+``testbed up`` leaves a deployment serving after it exits; ``testbed down`` (or
+``Network.down_by_name``) ends it from the namespaces alone.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import httpx
+
+from testbed.router.config import RouterConfig, ServerEntry
+from testbed.scenario import Scenario
+from testbed.server import ServerError, ServerSpec, SGLangServer
+from testbed.systems import SystemSpec, get_system
+from topologies.network import Network
+from topologies.process import HostProcess
+
+SGLANG_MODE = {
+    "colocated": "colocated",
+    "prefill": "prefill",
+    "decode": "decode",
+    "relay_decode": "decode",
+    "main_decode": "decode",
+}
+
+
+@dataclass
+class RunningServer:
+    name: str
+    role: str
+    host: str
+    site: str
+    server: SGLangServer
+
+    @property
+    def spec(self) -> ServerSpec:
+        return self.server.spec
+
+
+class Deployment:
+    def __init__(self, scenario: Scenario, system: str, run_dir: Path, net_name: str = "default"):
+        self.scenario = scenario
+        self.system: SystemSpec = get_system(system)
+        self.run_dir = Path(run_dir)
+        self.net = Network(scenario.network, net_name, log_dir=self.run_dir)
+        self.servers: list[RunningServer] = []
+        self.router: HostProcess | None = None
+        self.router_host: str | None = None
+
+    @property
+    def router_url(self) -> str:
+        return f"http://{self.net.address(self.router_host)}:{self.scenario.servers.router_port}"
+
+    def transfer_log(self, name: str) -> Path:
+        return self.run_dir / f"transfers-{name}.jsonl"
+
+    @property
+    def records_path(self) -> Path:
+        return self.run_dir / "records.jsonl"
+
+    # -- lifecycle ------------------------------------------------------------------
+    def up(self) -> Deployment:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.net.up()
+        try:
+            model = self.scenario.model.resolve()
+            self._start_servers(model)
+            self._start_router()
+            self._write_manifest(model)
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
+            list(pool.map(lambda s: s.server.stop(), self.servers))
+        self.net.down()
+
+    def __enter__(self) -> Deployment:
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        self.down()
+
+    # -- servers ----------------------------------------------------------------------
+    def _start_servers(self, model: Path) -> None:
+        cfg = self.scenario.servers
+        for role, net_role in self.system.servers:
+            hosts = self.net.hosts_with_role(net_role)
+            if not hosts:
+                raise ServerError(
+                    f"system {self.system.name} needs a {net_role} host; "
+                    f"the scenario's network has none"
+                )
+            for host in hosts:
+                name = f"{role}-{host}"
+                spec = ServerSpec(
+                    model_path=model, role=SGLANG_MODE[role], host=self.net.address(host),
+                    port=cfg.port, max_total_tokens=cfg.max_total_tokens,
+                    mem_fraction_static=cfg.mem_fraction_static, bootstrap_port=cfg.bootstrap_port,
+                    decode_radix_cache=cfg.decode_radix_cache, extra_args=tuple(cfg.extra_args),
+                    extra_env=(("PDD_KV_TRANSFER_LOG", str(self.transfer_log(name))),
+                               ("PDD_KV_IDLE_TIMEOUT_S", str(cfg.kv_idle_timeout_s))),
+                )  # fmt: skip
+                server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
+                self.servers.append(RunningServer(name, role, host, self.net.site(host), server))
+        for s in self.servers:
+            s.server.start()
+        with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+            list(pool.map(lambda s: s.server.wait_healthy(cfg.startup_timeout_s), self.servers))
+
+    def _start_router(self) -> None:
+        cfg = self.scenario.servers
+        self.router_host = self.net.hosts_with_role("router")[0]
+        entries = [
+            ServerEntry(name=s.name, url=s.spec.url, role=s.role, site=s.site, host=s.spec.host,
+                        bootstrap_port=cfg.bootstrap_port if s.role == "prefill" else None,
+                        transfer_log=self.transfer_log(s.name))
+            for s in self.servers
+        ]  # fmt: skip
+        config = RouterConfig(
+            system=self.system.name,
+            policy=self.system.policy,
+            servers=entries,
+            records=self.records_path,
+            host=self.net.address(self.router_host),
+            port=cfg.router_port,
+        )
+        path = self.run_dir / "router.json"
+        path.write_text(config.model_dump_json(indent=2))
+        self.router = self.net.popen(
+            self.router_host,
+            [sys.executable, "-m", "testbed.router", str(path)],
+            self.run_dir / "router.log",
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if not self.router.alive():
+                raise ServerError(f"router exited: {self.router.log()[-2000:]}")
+            try:
+                if httpx.get(self.router_url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise ServerError(f"router not healthy after 60 s: {self.router.log()[-2000:]}")
+
+    def _write_manifest(self, model: Path) -> None:
+        manifest = {
+            "scenario": self.scenario.model_dump(mode="json"),
+            "system": self.system.name,
+            "policy": self.system.policy,
+            "model": str(model),
+            "servers": [{"name": s.name, "role": s.role, "host": s.host, "site": s.site,
+                         "url": s.spec.url, "argv": s.spec.argv()} for s in self.servers],
+            "router": self.router_url,
+            "network": {"name": self.net.name, "backend": self.net.backend_name,
+                        "links": [vars(a) for a in self.net.applied]},
+            "versions": versions(),
+            "host": {"kernel": platform.release(), "machine": platform.machine(),
+                     "python": platform.python_version()},
+            "git_commit": git_commit(),
+            "started": time.time(),
+        }  # fmt: skip
+        (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for dist in ("pdd-testbed", "sglang", "torch", "transformers", "locust", "pandas"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
+    return out
+
+
+def git_commit() -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=5,
+        ).stdout.strip()
+        return done.stdout.strip() + ("-dirty" if dirty else "") if done.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        return None

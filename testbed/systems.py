@@ -1,0 +1,51 @@
+"""The systems a benchmark compares, registered by name.
+
+A system says which SGLang servers run (server role → the network role whose host
+runs it) and which routing policy the router uses. All systems run on the same
+two-site network, so they meet the same WAN: ``same_site_pd`` puts its decode server
+on site A's relay-decode host, ``cross_site_pd`` on site B's main-decode host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    policy: str
+    servers: tuple[tuple[str, str], ...]  # (server role, network role of its host)
+    description: str
+
+
+SYSTEMS: dict[str, SystemSpec] = {
+    s.name: s
+    for s in (
+        SystemSpec(
+            "colocated",
+            "colocated",
+            (("colocated", "prefill"),),
+            "one server prefills and decodes (site A)",
+        ),
+        SystemSpec(
+            "same_site_pd",
+            "pd",
+            (("prefill", "prefill"), ("decode", "relay_decode")),
+            "prefill and decode in site A over the LAN",
+        ),
+        SystemSpec(
+            "cross_site_pd",
+            "pd",
+            (("prefill", "prefill"), ("decode", "main_decode")),
+            "prefill in site A, decode in site B over the WAN",
+        ),
+    )
+}
+
+
+def get_system(name: str) -> SystemSpec:
+    try:
+        return SYSTEMS[name]
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; known: {', '.join(SYSTEMS)}") from None
