@@ -122,6 +122,56 @@ def serve(
 
 
 @app.command()
+def up(
+    scenario: str = typer.Argument(..., help="Scenario file or name in scenarios/."),
+    system: str = typer.Option(None, help="System to run (default: the scenario's first)."),
+    name: str = typer.Option("default", help="Network name."),
+    run_dir: Path = typer.Option(
+        None, help="Run directory (default runs/<scenario>-<system>-<time>)."
+    ),
+    decode_radix_cache: bool = typer.Option(
+        None,
+        "--decode-radix-cache/--no-decode-radix-cache",
+        help="Override the scenario's decode-side prefix cache.",
+    ),
+) -> None:
+    """Start the scenario's network, SGLang servers and router; leave them serving."""
+    from testbed.deployment import Deployment
+    from testbed.net_cli import fail
+    from testbed.scenario import Scenario, ScenarioError
+    from topologies.netns import NetworkError
+
+    try:
+        sc = Scenario.load(scenario)
+        if decode_radix_cache is not None:
+            servers = sc.servers.model_copy(update={"decode_radix_cache": decode_radix_cache})
+            sc = sc.model_copy(update={"servers": servers})
+        system = system or sc.systems[0]
+        run_dir = run_dir or Path("runs") / time.strftime(f"{sc.name}-{system}-%Y%m%d-%H%M%S")
+        console.print(f"bringing up {system} from scenario {sc.name} (logs in {run_dir}) ...")
+        deployment = Deployment(sc, system, run_dir, name).up()
+    except (ScenarioError, NetworkError, ServerError, ValueError) as exc:
+        raise fail(exc) from exc
+    for s in deployment.servers:
+        console.print(f"  {s.role:<13} {s.name:<18} site {s.site}  {s.spec.url}", highlight=False)
+    console.print(
+        f"[green]router[/green] {deployment.router_url}  "
+        f"(/generate, /v1/completions, /v1/chat/completions)",
+        highlight=False,
+    )
+    console.print(f"records: {deployment.records_path}; stop with `testbed down --name {name}`")
+
+
+@app.command()
+def down(name: str = typer.Option("default", help="Network name.")) -> None:
+    """Stop the router and servers of a deployment and tear its network down."""
+    from topologies.network import Network
+
+    removed = Network.down_by_name(name)
+    console.print(f"stopped; removed {len(removed)} namespaces")
+
+
+@app.command()
 def bench(
     model: Path = typer.Option(None, help="Model directory (default: the built-in tiny model)."),
     port: int = typer.Option(30100, help="Port of the temporary server."),

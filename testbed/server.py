@@ -77,8 +77,17 @@ class ServerSpec:
         ]  # fmt: skip
         if not self.cuda:
             # The CPU engine: torch_native attention (the x86 default needs AMX
-            # kernels), fp32, and no CUDA graphs.
-            args += ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32"]
+            # kernels), fp32. No overlap scheduling: it only helps with an async
+            # device stream, and its PD paths record torch.cuda events.
+            args += [
+                "--device",
+                "cpu",
+                "--attention-backend",
+                "torch_native",
+                "--dtype",
+                "float32",
+                "--disable-overlap-schedule",
+            ]
         args += ROLE_ARGS[self.role](self)
         return args + list(self.extra_args)
 

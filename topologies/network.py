@@ -31,7 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from topologies.emulation import get_backend
-from topologies.emulation.base import AppliedLink, LinkEnd
+from topologies.emulation.base import AppliedLink, LinkEnd, htb_commands
 from topologies.netns import PREFIX, NetworkError, list_namespaces, ns_name, pids_in, run
 from topologies.process import HostProcess
 from topologies.site import SUBNET_BASE
@@ -39,6 +39,7 @@ from topologies.spec import NetworkSpec
 
 STATE_DIR = Path(os.environ.get("PDD_STATE_DIR", "/run/pdd-testbed"))
 HARNESS_HOST = 254  # the harness's address in site A: 10.77.1.254
+CUT_TABLE = "pddtb_cut"
 
 
 class Network:
@@ -163,6 +164,38 @@ class Network:
 
     def __exit__(self, *exc) -> None:
         self.down()
+
+    # ---- changing the WAN while it runs -------------------------------------------
+    def _wan_ends(self) -> list[tuple[str, str]]:
+        return [
+            (self.ns(info[f"node{i}"]), f"eth{info[f'port{i}']}")
+            for *_, info in self.topo.links(withInfo=True)
+            if info["kind"] == "wan"
+            for i in (1, 2)
+        ]
+
+    def cut_wan(self) -> None:
+        """Drop every packet arriving over the WAN, both ways (a fibre cut; no RST)."""
+        for ns, intf in self._wan_ends():
+            rules = (
+                f"table inet {CUT_TABLE} {{\n  chain cut {{\n"
+                "    type filter hook prerouting priority -400; policy accept;\n"
+                f'    iifname "{intf}" drop\n  }}\n}}\n'
+            )
+            run(["nft", "-f", "-"], ns=ns, input=rules)
+
+    def restore_wan(self) -> None:
+        for ns, _ in self._wan_ends():
+            run(["nft", "delete", "table", "inet", CUT_TABLE], ns=ns, check=False)
+
+    def set_wan_rate(self, rate_mbit: float) -> None:
+        """Change the WAN's htb rate in place (both directions)."""
+        if not self.spec.wan.rate_mbit:
+            raise NetworkError("the WAN is unshaped; give it a rate_mbit to change")
+        spec = self.spec.wan.model_copy(update={"rate_mbit": rate_mbit})
+        for ns, intf in self._wan_ends():
+            class_cmd = htb_commands(intf, spec, [])[1]
+            run(["tc", "class", "change", *class_cmd[3:]], ns=ns)
 
     # ---- processes ----------------------------------------------------------------
     def popen(

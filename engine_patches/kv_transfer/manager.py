@@ -23,6 +23,7 @@ from engine_patches.kv_transfer.messages import (
     MsgType,
     ProtocolError,
     TransferRequest,
+    configure_socket,
     recv_frame,
     send_frame,
 )
@@ -138,7 +139,7 @@ class TcpKVManager(BaseKVManager):
     def _read_request(self, conn: socket.socket, peer: str) -> None:
         try:
             conn.settimeout(self.timeouts.connect)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            configure_socket(conn, self.timeouts.idle)
             kind, room, body = recv_frame(conn)
             if kind != MsgType.TRANSFER_REQUEST:
                 raise ProtocolError(f"expected a transfer request, got {kind.name}")

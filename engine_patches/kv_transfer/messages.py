@@ -131,3 +131,14 @@ def recv_frame(sock: socket.socket) -> tuple[MsgType, int, bytearray]:
     except ValueError as exc:
         raise ProtocolError(f"unknown message type {kind}") from exc
     return kind, room, recv_exact(sock, length)
+
+
+def configure_socket(sock: socket.socket, idle_timeout: float) -> None:
+    """No Nagle; and a dead path (a cut WAN) is detected within ~``idle_timeout``,
+    whether data is in flight (TCP_USER_TIMEOUT) or the connection is idle (keepalive)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, int(idle_timeout / 3)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, int(idle_timeout / 6)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(idle_timeout * 1000))

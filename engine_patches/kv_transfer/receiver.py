@@ -30,6 +30,7 @@ from engine_patches.kv_transfer.messages import (
     MsgType,
     ProtocolError,
     TransferRequest,
+    configure_socket,
     crc32,
     recv_frame,
     send_frame,
@@ -136,7 +137,7 @@ class TcpKVReceiver(BaseKVReceiver):
         try:
             host, port = self.bootstrap_addr.rsplit(":", 1)
             self._sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            configure_socket(self._sock, timeouts.idle)
             if self._state == KVPoll.Failed:  # aborted while connecting
                 return
             record.wire_bytes += send_frame(
@@ -149,6 +150,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 record.wire_bytes += 20 + len(body)
                 view = memoryview(body)
                 if kind == MsgType.KV_CHUNK:
+                    record.first_byte = record.first_byte or time.time()
                     head = KvChunkHeader.decode(view)
                     payload = view[KvChunkHeader.size :]
                     if crc32([payload]) != head.crc32:

@@ -195,6 +195,8 @@ class TcpKVSender(BaseKVSender):
         for start in range(0, len(pages), per_frame):
             part = pages[start : start + per_frame]
             payload = [t.numpy() for t in self.kv_mgr.pool.read(part)]
+            if self._record.first_byte is None:
+                self._record.first_byte = time.time()
             header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
             self._record.wire_bytes += send_frame(
                 conn, MsgType.KV_CHUNK, self.room, header, *payload

@@ -21,6 +21,7 @@ class TransferRecord:
     peer: str
     start: float  # wall clock (s), same clock for every process on the host
     end: float | None = None
+    first_byte: float | None = None  # first KV chunk on the wire: end - first_byte is transfer time
     status: str = "running"  # success | failed
     reason: str | None = None
     pages: int = 0

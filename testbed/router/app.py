@@ -170,7 +170,8 @@ class Router:
             return
         record.kv_bytes, record.kv_wire_bytes = transfer["kv_bytes"], transfer["wire_bytes"]
         record.cached_tokens_decode = transfer["decode_prefix_len"]
-        record.kv_transfer_s = (transfer["end"] or transfer["start"]) - transfer["start"]
+        if transfer["end"] and transfer.get("first_byte"):
+            record.kv_transfer_s = transfer["end"] - transfer["first_byte"]
         record.kv_link = "lan" if route.prefill.site == route.stream_from.site else "wan"
         if transfer["status"] != "success" and record.status == "ok":
             record.status, record.error = "error", f"KV transfer failed: {transfer['reason']}"
