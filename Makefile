@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint format bench bench-net clean help
+.PHONY: setup test test-fast lint format bench bench-net bench-transfer clean help
 
 help:            ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -31,3 +31,6 @@ clean:           ## remove run outputs (keeps the venv)
 
 bench-net:       ## link fidelity, configured vs measured, over rates x delays x losses (CSV)
 	$(BIN)/testbed net bench
+
+bench-transfer:  ## KV goodput over the emulated WAN (1-64 MB) and the baselines' TTFT
+	$(BIN)/testbed bench-transfer

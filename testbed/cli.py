@@ -12,6 +12,7 @@ from rich.console import Console
 from testbed import model as model_mod
 from testbed.net_cli import net_app
 from testbed.server import ROLES, ServerError, ServerSpec, SGLangServer
+from testbed.workload_cli import load, trace_app
 
 app = typer.Typer(
     help="pdd-testbed: cross-datacenter prefill/decode disaggregation testbed.",
@@ -23,6 +24,8 @@ model_app = typer.Typer(
 )
 app.add_typer(model_app, name="model")
 app.add_typer(net_app, name="net")
+app.add_typer(trace_app, name="trace")
+app.command("load")(load)
 console = Console()
 
 DEFAULT = model_mod.ModelShape()
@@ -181,6 +184,17 @@ def bench(
     from testbed.quickbench import run_quickbench
 
     run_quickbench(resolve_model(model), port, out, console)
+
+
+@app.command("bench-transfer")
+def bench_transfer(
+    out: Path = typer.Option(Path("runs"), help="Directory for the run's files."),
+    rate_mbit: float = typer.Option(100.0, help="WAN rate for the goodput sweep."),
+) -> None:
+    """KV goodput vs the emulated WAN rate (1-64 MB) and the baselines' TTFT side by side."""
+    from testbed.bench import transfer
+
+    transfer.run(out, rate_mbit, console)
 
 
 if __name__ == "__main__":

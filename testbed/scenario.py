@@ -55,6 +55,39 @@ class ServersSpec(BaseModel):
     )
 
 
+class WorkloadSpec(BaseModel):
+    """What the clients send: a trace file, or the agentic generator's settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    trace: Path | None = Field(None, description="A trace file (pdd, mooncake, azure, tracelab).")
+    format: str = Field("auto", description="Trace format, or auto.")
+    generator: dict = Field(default_factory=dict, description="AgenticConfig overrides.")
+    mode: str = Field("closed", pattern="^(closed|open)$", description="closed or open loop.")
+    users: int = Field(4, ge=1, description="Concurrent Locust users (closed loop: sessions).")
+    duration_s: float = Field(300, gt=0, description="Upper bound on the load's run time.")
+    max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
+    speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")
+    vocab_size: int = Field(4096, gt=11, description="Synthesized token ids stay below this.")
+
+    def materialize(self, run_dir: Path) -> Path:
+        """The trace file to replay: the given one, or a generated one in ``run_dir``."""
+        if self.trace is not None:
+            if not self.trace.exists():
+                raise ScenarioError(f"workload.trace {self.trace} does not exist")
+            return self.trace
+        from workloads.generator import AgenticConfig, generate
+
+        try:
+            config = AgenticConfig(**self.generator)
+        except (TypeError, ValueError) as exc:
+            raise ScenarioError(f"workload.generator: {exc}") from exc
+        path = Path(run_dir) / "trace.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        generate(config).to_jsonl(path)
+        return path
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -63,6 +96,7 @@ class Scenario(BaseModel):
     network: NetworkSpec = Field(default_factory=NetworkSpec, description="Topology and links.")
     model: ModelSpec = Field(default_factory=ModelSpec, description="What the servers serve.")
     servers: ServersSpec = Field(default_factory=ServersSpec, description="Server settings.")
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="What clients send.")
     systems: list[str] = Field(
         default_factory=lambda: ["colocated", "same_site_pd", "cross_site_pd"],
         description="Systems to compare (see testbed.systems).",

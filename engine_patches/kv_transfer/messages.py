@@ -118,7 +118,8 @@ def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> by
     return buf
 
 
-def recv_frame(sock: socket.socket) -> tuple[MsgType, int, bytearray]:
+def recv_frame(sock: socket.socket, on_header=None) -> tuple[MsgType, int, bytearray]:
+    """Read one frame; ``on_header(kind)`` runs once the header is in, before the body."""
     magic, version, kind, _, room, length = HEADER.unpack(recv_exact(sock, HEADER.size))
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}: not a pdd-testbed KV transfer peer")
@@ -130,6 +131,8 @@ def recv_frame(sock: socket.socket) -> tuple[MsgType, int, bytearray]:
         kind = MsgType(kind)
     except ValueError as exc:
         raise ProtocolError(f"unknown message type {kind}") from exc
+    if on_header is not None:
+        on_header(kind)
     return kind, room, recv_exact(sock, length)
 
 

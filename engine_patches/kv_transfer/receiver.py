@@ -144,13 +144,17 @@ class TcpKVReceiver(BaseKVReceiver):
                 self._sock, MsgType.TRANSFER_REQUEST, self.room, request.encode()
             )
             self._sock.settimeout(timeouts.first_data)  # prefill may still be computing
+
+            def mark_first_byte(kind: MsgType) -> None:
+                if kind == MsgType.KV_CHUNK and record.first_byte is None:
+                    record.first_byte = time.time()
+
             while True:
-                kind, _, body = recv_frame(self._sock)
+                kind, _, body = recv_frame(self._sock, on_header=mark_first_byte)
                 self._sock.settimeout(timeouts.idle)
                 record.wire_bytes += 20 + len(body)
                 view = memoryview(body)
                 if kind == MsgType.KV_CHUNK:
-                    record.first_byte = record.first_byte or time.time()
                     head = KvChunkHeader.decode(view)
                     payload = view[KvChunkHeader.size :]
                     if crc32([payload]) != head.crc32:

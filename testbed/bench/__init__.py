@@ -1,0 +1,1 @@
+"""Benchmarks behind the ``make bench*`` targets. Every number they print is measured."""

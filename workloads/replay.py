@@ -1,0 +1,131 @@
+"""Replaying a trace's sessions: prompts from blocks, the real output in the next turn.
+
+A closed-loop session sends turn n+1 only after turn n finished, plus its think time;
+its prompt is what turn n sent, the output turn n really received (in place of the
+blocks that stood for it), and the tokens of the newly appended blocks. Open-loop
+replay sends each request at its arrival time with its prompt built from blocks alone.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from workloads.tokens import TokenSynth
+from workloads.trace import Request, Trace
+
+
+@dataclass
+class ClientRecord:
+    """What the client saw of one request (wall-clock seconds)."""
+
+    request_id: str
+    session_id: str
+    turn: int
+    sent: float
+    first_token: float | None = None
+    finish: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    expected_output_tokens: int = 0
+    status: str = "ok"
+    error: str | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.sent
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:], strict=False)]
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finish is None else self.finish - self.sent
+
+
+class SessionState:
+    """Builds each turn's prompt of one session as it is replayed."""
+
+    def __init__(self, synth: TokenSynth) -> None:
+        self.synth = synth
+        self.prev: Request | None = None
+        self.prev_prompt: list[int] = []
+        self.prev_output: list[int] = []
+
+    def prompt_for(self, req: Request) -> list[int]:
+        prev = self.prev
+        exchange = prev.hash_ids + prev.output_hash_ids if prev else ()
+        if not prev or not prev.output_hash_ids or req.hash_ids[: len(exchange)] != exchange:
+            return self.synth.tokens(req.hash_ids, req.input_length)
+        skip = len(exchange)
+        appended = self.synth.tokens(req.hash_ids[skip:])
+        return self.prev_prompt + self.prev_output + appended
+
+    def done(self, req: Request, prompt: list[int], output: list[int]) -> None:
+        self.prev, self.prev_prompt, self.prev_output = req, prompt, output
+
+
+class RecordSink:
+    def __init__(self, path: Path | None) -> None:
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record: ClientRecord) -> None:
+        if self.path is None:
+            return
+        with self._lock, open(self.path, "a") as f:
+            f.write(json.dumps(asdict(record), separators=(",", ":")) + "\n")
+
+
+def generate_body(prompt: list[int], output_tokens: int) -> dict:
+    return {
+        "input_ids": prompt,
+        "stream": True,
+        "sampling_params": {
+            "max_new_tokens": output_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        },
+    }
+
+
+def consume_stream(lines, record: ClientRecord) -> list[int]:
+    """Read SGLang's SSE lines (str), timing each new token; returns the output ids."""
+    output: list[int] = []
+    for line in lines:
+        if not line or not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            record.status, record.error = "error", str(chunk["error"])[:500]
+            break
+        meta = chunk.get("meta_info", {})
+        fresh = int(meta.get("completion_tokens", 0)) - len(output)
+        if fresh > 0:
+            now = time.time()
+            output.extend(chunk["output_ids"][-fresh:])
+            record.token_times.extend([now] * fresh)
+            record.first_token = record.first_token or now
+    record.output_tokens = len(output)
+    record.finish = time.time()
+    if record.status == "ok" and record.output_tokens < record.expected_output_tokens:
+        record.status, record.error = "error", "stream ended early"
+    return output
+
+
+def session_order(trace: Trace) -> list[list[Request]]:
+    """Sessions ordered by their first request's arrival (or id)."""
+    sessions = list(trace.sessions().values())
+    sessions.sort(key=lambda turns: (turns[0].arrival_s or 0.0, turns[0].session_id))
+    return sessions

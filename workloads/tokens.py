@@ -1,0 +1,32 @@
+"""Deterministic token ids from prefix blocks: the same block id always gives the same
+tokens, so prefix sharing in a trace is prefix sharing on the server, exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+FIRST_TOKEN = 10  # keep clear of special tokens at the start of small vocabularies
+
+
+class TokenSynth:
+    def __init__(self, vocab_size: int, block_tokens: int, seed: int = 0) -> None:
+        if vocab_size <= FIRST_TOKEN + 1:
+            raise ValueError(f"vocab_size {vocab_size} too small")
+        self.vocab_size, self.block_tokens, self.seed = vocab_size, block_tokens, seed
+        self._cache: dict[int, np.ndarray] = {}
+
+    def block(self, block_id: int) -> np.ndarray:
+        tokens = self._cache.get(block_id)
+        if tokens is None:
+            rng = np.random.default_rng([self.seed, int(block_id)])
+            tokens = rng.integers(FIRST_TOKEN, self.vocab_size, self.block_tokens, dtype=np.int64)
+            if len(self._cache) < 100_000:
+                self._cache[block_id] = tokens
+        return tokens
+
+    def tokens(self, hash_ids, length: int | None = None) -> list[int]:
+        """The prompt for ``hash_ids``, cut to ``length`` tokens (the last block may be partial)."""
+        if not hash_ids:
+            return []
+        out = np.concatenate([self.block(b) for b in hash_ids])
+        return out[: length if length is not None else len(out)].tolist()
