@@ -59,6 +59,8 @@ class _Shared:
     sink = None
     sent = itertools.count()
     open_loop_started = False
+    active = 0  # sessions being replayed right now
+    exhausted = False
 
     @classmethod
     def init(cls, options) -> None:
@@ -154,12 +156,25 @@ class TraceUser(User):
             return
         with _Shared.lock:
             session = next(_Shared.sessions, None)
+            if session is None:
+                _Shared.exhausted = True
+            else:
+                _Shared.active += 1
         if session is None:
+            self._finish_if_done()
             raise StopUser()
+        try:
+            self._replay_session(session)
+        finally:
+            with _Shared.lock:
+                _Shared.active -= 1
+
+    def _replay_session(self, session) -> None:
         state = SessionState(_Shared.synth)
         for req in session:
             if not self._budget_left():
-                raise StopUser()
+                _Shared.exhausted = True
+                return
             if req.turn and req.think_time_s:
                 gevent.sleep(req.think_time_s)
             prompt = state.prompt_for(req)
@@ -167,6 +182,11 @@ class TraceUser(User):
             if record.status != "ok":
                 break  # the session cannot go on without this turn's output
             state.done(req, prompt, output)
+
+    def _finish_if_done(self) -> None:
+        """The whole trace has been replayed: end the run instead of idling until -t."""
+        if _Shared.exhausted and _Shared.active == 0 and self.environment.runner is not None:
+            gevent.spawn_later(0.5, self.environment.runner.quit)
 
     def _open_loop(self, options) -> None:
         with _Shared.lock:
@@ -187,4 +207,6 @@ class TraceUser(User):
             prompt = _Shared.synth.tokens(req.hash_ids, req.input_length)
             pool.append(gevent.spawn(self.send, req, prompt))
         gevent.joinall(pool)
+        _Shared.exhausted = True
+        self._finish_if_done()
         raise StopUser()

@@ -139,16 +139,22 @@ class Router:
             response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             counter = TokenCounter(request.path)
-            async for line in _lines(upstream, abort_if):
-                await response.write(line)
-                now = time.time()
-                new = counter.feed(line, record)
-                if new:
-                    record.token_times.extend([now] * new)
-                    record.first_token = record.first_token or now
+            try:
+                async for line in _lines(upstream, abort_if):
+                    now = time.time()
+                    new = counter.feed(line, record)
+                    if new:
+                        record.token_times.extend([now] * new)
+                        record.first_token = record.first_token or now
+                    await response.write(line)
+                await response.write_eof()
+            except ConnectionError:
+                # The client left. After the last token that is normal (it stops reading
+                # at [DONE]); before it, the request did not complete.
+                if counter.done is False:
+                    record.status, record.error = "error", "client disconnected mid-stream"
             record.output_tokens = counter.tokens
             record.finish = time.time()
-            await response.write_eof()
             return response
         except UpstreamError as exc:
             record.status, record.error = "error", str(exc)
@@ -225,9 +231,12 @@ class TokenCounter:
     def __init__(self, path: str) -> None:
         self.native = path == "/generate"
         self.tokens = 0
+        self.done = False  # saw [DONE] or a finish reason
 
     def feed(self, line: bytes, record: RequestRecord) -> int:
         text = line.decode(errors="replace").strip()
+        if text.startswith("data:") and text[5:].strip() == "[DONE]":
+            self.done = True
         if not text.startswith("data:") or text[5:].strip() == "[DONE]":
             return 0
         try:
@@ -241,6 +250,9 @@ class TokenCounter:
             meta = chunk.get("meta_info", {})
             total = int(meta.get("completion_tokens", self.tokens))
             record.prompt_tokens = meta.get("prompt_tokens", record.prompt_tokens)
+            if record.prefill_server is None and "cached_tokens" in meta:
+                record.cached_tokens_prefill = meta["cached_tokens"]  # colocated: one server
+            self.done = self.done or bool(meta.get("finish_reason"))
             new, self.tokens = max(0, total - self.tokens), max(total, self.tokens)
             return new
         usage = chunk.get("usage")

@@ -1,0 +1,110 @@
+"""Real Locust replays a generated trace through the real router into a real SGLang server."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from reports.metrics import Metric
+from testbed.router.config import RouterConfig, ServerEntry
+from testbed.workload_cli import LOCUSTFILE
+from tests.testbed.conftest import colocated  # noqa: F401 - the session fixture
+from workloads.generator import AgenticConfig, generate
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture
+def router(colocated, tmp_path):  # noqa: F811
+    config = RouterConfig(
+        system="colocated",
+        policy="colocated",
+        records=tmp_path / "records.jsonl",
+        host="127.0.0.1",
+        port=30451,
+        servers=[ServerEntry(name="c", url=colocated.spec.url, role="colocated", host="127.0.0.1")],
+    )
+    path = tmp_path / "router.json"
+    path.write_text(config.model_dump_json())
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.router", str(path)])
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get("http://127.0.0.1:30451/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        yield config
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_closed_loop_sessions_through_locust(router, tmp_path):
+    config = AgenticConfig(
+        sessions=3,
+        turns=(3, 3),
+        seed=2,
+        anomalous_share=0.0,
+        length_scale=0.25,
+        time_scale=0.1,
+        output_tokens=(8, 16),
+    )
+    trace = generate(config)
+    trace.to_jsonl(tmp_path / "trace.jsonl")
+    argv = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-u",
+        "2",
+        "-r",
+        "2",
+        "-t",
+        "120s",
+        "--host",
+        "http://127.0.0.1:30451",
+        "--trace",
+        str(tmp_path / "trace.jsonl"),
+        "--records",
+        str(tmp_path / "client.jsonl"),
+        "--csv",
+        str(tmp_path / "locust"),
+        "--only-summary",
+        "--stop-timeout",
+        "10",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    rows = list(csv.DictReader((tmp_path / "locust_stats.csv").read_text().splitlines()))
+    types = {r["Type"] for r in rows}
+    for metric in (Metric.TTFT, Metric.ITL, Metric.E2E, Metric.OUTPUT_TOKENS):
+        assert metric.value in types, types
+    ttft = next(r for r in rows if r["Type"] == Metric.TTFT.value)
+    assert int(ttft["Request Count"]) == len(trace.requests) and int(ttft["Failure Count"]) == 0
+
+    records = [json.loads(line) for line in (tmp_path / "client.jsonl").read_text().splitlines()]
+    assert len(records) == len(trace.requests)
+    by_session = {}
+    for r in records:
+        assert r["status"] == "ok" and r["output_tokens"] == r["expected_output_tokens"]
+        by_session.setdefault(r["session_id"], []).append(r)
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r["turn"])
+        for prev, cur in zip(turns, turns[1:], strict=False):
+            assert cur["sent"] >= prev["finish"]  # closed loop: after the previous turn
+            assert cur["prompt_tokens"] > prev["prompt_tokens"] + prev["output_tokens"] - 1
+    # The router saw the same requests and the server's prefix cache at work.
+    routed = [json.loads(line) for line in router.records.read_text().splitlines()]
+    assert len(routed) == len(records)
+    assert any(r["turn"] and r["cached_tokens_prefill"] for r in routed)
