@@ -120,8 +120,7 @@ class Deployment:
                     port=cfg.port, max_total_tokens=cfg.max_total_tokens,
                     mem_fraction_static=cfg.mem_fraction_static, bootstrap_port=cfg.bootstrap_port,
                     decode_radix_cache=cfg.decode_radix_cache, extra_args=tuple(cfg.extra_args),
-                    extra_env=(("PDD_KV_TRANSFER_LOG", str(self.transfer_log(name))),
-                               ("PDD_KV_IDLE_TIMEOUT_S", str(cfg.kv_idle_timeout_s))),
+                    extra_env=server_env(cfg, self.transfer_log(name)),
                 )  # fmt: skip
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
                 self.servers.append(RunningServer(name, role, host, self.net.site(host), server))
@@ -183,6 +182,16 @@ class Deployment:
             "started": time.time(),
         }  # fmt: skip
         (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def server_env(cfg, transfer_log: Path) -> tuple[tuple[str, str], ...]:
+    env = [
+        ("PDD_KV_TRANSFER_LOG", str(transfer_log)),
+        ("PDD_KV_IDLE_TIMEOUT_S", str(cfg.kv_idle_timeout_s)),
+    ]
+    if cfg.threads:
+        env.append(("OMP_NUM_THREADS", str(cfg.threads)))
+    return tuple(env)
 
 
 def versions() -> dict[str, str]:

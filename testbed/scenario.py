@@ -53,6 +53,9 @@ class ServersSpec(BaseModel):
     extra_args: list[str] = Field(
         default_factory=list, description="More sglang.launch_server flags."
     )
+    threads: int | None = Field(
+        None, ge=1, description="CPU threads per server (OMP_NUM_THREADS); default: torch's choice."
+    )
 
 
 class WorkloadSpec(BaseModel):
