@@ -245,6 +245,8 @@ class Network:
         for host in topo.hosts():
             ns, node = self.ns(host), topo.nodeInfo(host)
             run(["sysctl", "-qw", f"net.ipv4.tcp_congestion_control={cc}"], ns=ns)
+            ssai = int(self.spec.tcp_slow_start_after_idle)
+            run(["sysctl", "-qw", f"net.ipv4.tcp_slow_start_after_idle={ssai}"], ns=ns)
             if node["role"] == "gateway":
                 run(["sysctl", "-qw", "net.ipv4.ip_forward=1"], ns=ns)
                 for subnet, via in node.get("routes", []):

@@ -23,6 +23,11 @@ class NetworkSpec(BaseModel):
         description="The link between the sites' gateways.",
     )
     backend: str = Field("auto", description=f"Link emulation: auto, {', '.join(BACKENDS)}.")
+    tcp_slow_start_after_idle: bool = Field(
+        False,
+        description="Hosts' net.ipv4.tcp_slow_start_after_idle. Off (the usual tuning for "
+        "long-lived WAN connections) lets a reused KV connection keep its window.",
+    )
 
     @field_validator("topology")
     @classmethod

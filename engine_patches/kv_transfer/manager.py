@@ -31,6 +31,10 @@ from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from engine_patches.kv_transfer.transfer_log import TransferLog
 
 logger = logging.getLogger("pdd.kv_transfer")
+# Connections are reused between transfers (a warm congestion window: no slow start
+# per request on a long-RTT WAN). Prefill closes one idle this long; decode stops
+# reusing one at half of it.
+POOL_IDLE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class TcpKVManager(BaseKVManager):
         self.log = TransferLog.from_env()
         self.prefill_info_table = _SingleRankPrefills()
         self._incoming: dict[int, Incoming] = {}
+        self._idle: dict[str, list[tuple[socket.socket, float]]] = {}  # decode side pool
         self._lock = threading.Lock()
         if disaggregation_mode == DisaggregationMode.PREFILL:
             host = getattr(server_args, "host", "0.0.0.0")
@@ -136,11 +141,41 @@ class TcpKVManager(BaseKVManager):
             ).start()
             self._expire_parked()
 
-    def _read_request(self, conn: socket.socket, peer: str) -> None:
+    def reuse_connection(self, conn: socket.socket, peer: str) -> None:
+        """Prefill: after a finished transfer, wait on the same connection for the next."""
+        threading.Thread(
+            target=self._read_request,
+            args=(conn, peer, POOL_IDLE_S),
+            name="pdd-kv-request",
+            daemon=True,
+        ).start()
+
+    # -- decode side: the connection pool -----------------------------------------
+    def checkout(self, addr: str) -> socket.socket | None:
+        with self._lock:
+            idle = self._idle.get(addr, [])
+            while idle:
+                sock, since = idle.pop()
+                if time.monotonic() - since < POOL_IDLE_S / 2:
+                    return sock
+                sock.close()
+        return None
+
+    def checkin(self, addr: str, sock: socket.socket) -> None:
+        with self._lock:
+            self._idle.setdefault(addr, []).append((sock, time.monotonic()))
+
+    def _read_request(self, conn: socket.socket, peer: str, wait_s: float | None = None) -> None:
         try:
-            conn.settimeout(self.timeouts.connect)
+            conn.settimeout(wait_s or self.timeouts.connect)
             configure_socket(conn, self.timeouts.idle)
-            kind, room, body = recv_frame(conn)
+            try:
+                kind, room, body = recv_frame(conn)
+            except (TimeoutError, ConnectionError):
+                if wait_s is not None:  # an idle pooled connection ending is normal
+                    conn.close()
+                    return
+                raise
             if kind != MsgType.TRANSFER_REQUEST:
                 raise ProtocolError(f"expected a transfer request, got {kind.name}")
             request = TransferRequest.decode(bytes(body))

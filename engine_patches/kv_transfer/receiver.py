@@ -123,7 +123,7 @@ class TcpKVReceiver(BaseKVReceiver):
 
     # -- worker -----------------------------------------------------------------------
     def _run(self, request: TransferRequest) -> None:
-        mgr, timeouts = self.kv_mgr, self.kv_mgr.timeouts
+        mgr = self.kv_mgr
         record = TransferRecord(
             room=self.room,
             side="decode",
@@ -133,66 +133,29 @@ class TcpKVReceiver(BaseKVReceiver):
             page_size=mgr.page_size,
         )
         pages = request.dst_pages
-        received = 0
+        progress = {"frames": 0, "pages": 0}
         try:
-            host, port = self.bootstrap_addr.rsplit(":", 1)
-            self._sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)
-            configure_socket(self._sock, timeouts.idle)
-            if self._state == KVPoll.Failed:  # aborted while connecting
-                return
-            record.wire_bytes += send_frame(
-                self._sock, MsgType.TRANSFER_REQUEST, self.room, request.encode()
-            )
-            self._sock.settimeout(timeouts.first_data)  # prefill may still be computing
-
-            def mark_first_byte(kind: MsgType) -> None:
-                if kind == MsgType.KV_CHUNK and record.first_byte is None:
-                    record.first_byte = time.time()
-
-            while True:
-                kind, _, body = recv_frame(self._sock, on_header=mark_first_byte)
-                self._sock.settimeout(timeouts.idle)
-                record.wire_bytes += 20 + len(body)
-                view = memoryview(body)
-                if kind == MsgType.KV_CHUNK:
-                    head = KvChunkHeader.decode(view)
-                    payload = view[KvChunkHeader.size :]
-                    if crc32([payload]) != head.crc32:
-                        raise ProtocolError(f"checksum mismatch in pages {head.first}..")
-                    if head.first + head.count > len(pages):
-                        raise ProtocolError("chunk beyond the pages decode allocated")
-                    mgr.pool.write(pages[head.first : head.first + head.count], payload)
-                    received += head.count
-                    record.pages += head.count
-                    record.kv_bytes += len(payload)
-                elif kind == MsgType.AUX:
-                    if crc32([view[4:]]) != int.from_bytes(view[:4], "big"):
-                        raise ProtocolError("checksum mismatch in the metadata row")
-                    if request.aux_index >= 0:
-                        mgr.aux.write(np.array([request.aux_index]), view[4:])
-                elif kind == MsgType.DONE:
-                    done = Done.decode(bytes(body))
-                    if done.total_pages != received or received != len(pages):
-                        raise ProtocolError(
-                            f"received {received} pages, prefill sent "
-                            f"{done.total_pages}, decode expected {len(pages)}"
-                        )
-                    send_frame(self._sock, MsgType.ACK, self.room)
-                    with self._lock:
-                        if self._state != KVPoll.Failed:
-                            self._state = KVPoll.Success
-                    record.status = "success"
+            for attempt in range(2):
+                reused = self._connect(attempt)
+                if self._state == KVPoll.Failed:  # aborted while connecting
                     return
-                elif kind == MsgType.FAILURE:
-                    raise KVTransferError(f"prefill reported: {body.decode(errors='replace')}")
-                else:
-                    raise ProtocolError(f"unexpected {kind.name} from prefill")
+                try:
+                    self._exchange(request, record, progress)
+                    return
+                except ConnectionError:
+                    # A pooled connection the prefill had already closed: retry once,
+                    # on a new connection, if nothing of this transfer arrived yet.
+                    if not reused or progress["frames"]:
+                        raise
+                    self._sock.close()
         except TimeoutError as exc:
+            received = progress["pages"]
             self._fail(
                 f"KV transfer from {self.bootstrap_addr} stalled "
                 f"after {received}/{len(pages)} pages ({exc or 'timed out'})"
             )
         except (OSError, ProtocolError, KVTransferError, ValueError) as exc:
+            received = progress["pages"]
             self._fail(
                 f"KV transfer from {self.bootstrap_addr} failed after "
                 f"{received}/{len(pages)} pages: {exc}"
@@ -200,7 +163,74 @@ class TcpKVReceiver(BaseKVReceiver):
         finally:
             if record.status != "success":
                 record.status, record.reason = "failed", self._reason
+                if self._sock is not None:
+                    self._sock.close()
             record.end = time.time()
             mgr.log.write(record)
-            if self._sock is not None:
-                self._sock.close()
+
+    def _connect(self, attempt: int) -> bool:
+        """A pooled connection on the first attempt if there is one; True if reused."""
+        timeouts = self.kv_mgr.timeouts
+        sock = self.kv_mgr.checkout(self.bootstrap_addr) if attempt == 0 else None
+        if sock is None:
+            host, port = self.bootstrap_addr.rsplit(":", 1)
+            sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)
+            configure_socket(sock, timeouts.idle)
+            self._sock = sock
+            return False
+        self._sock = sock
+        return True
+
+    def _exchange(self, request: TransferRequest, record: TransferRecord, progress: dict) -> None:
+        """Send the request, write every chunk as it arrives, verify, Ack."""
+        mgr, timeouts, sock = self.kv_mgr, self.kv_mgr.timeouts, self._sock
+        pages = request.dst_pages
+        record.wire_bytes += send_frame(sock, MsgType.TRANSFER_REQUEST, self.room, request.encode())
+        sock.settimeout(timeouts.first_data)  # prefill may still be computing
+
+        def mark_first_byte(kind: MsgType) -> None:
+            progress["frames"] += 1
+            if kind == MsgType.KV_CHUNK and record.first_byte is None:
+                record.first_byte = time.time()
+
+        while True:
+            kind, _, body = recv_frame(sock, on_header=mark_first_byte)
+            sock.settimeout(timeouts.idle)
+            record.wire_bytes += 20 + len(body)
+            view = memoryview(body)
+            if kind == MsgType.KV_CHUNK:
+                head = KvChunkHeader.decode(view)
+                payload = view[KvChunkHeader.size :]
+                if crc32([payload]) != head.crc32:
+                    raise ProtocolError(f"checksum mismatch in pages {head.first}..")
+                if head.first + head.count > len(pages):
+                    raise ProtocolError("chunk beyond the pages decode allocated")
+                mgr.pool.write(pages[head.first : head.first + head.count], payload)
+                progress["pages"] += head.count
+                record.pages += head.count
+                record.kv_bytes += len(payload)
+            elif kind == MsgType.AUX:
+                if crc32([view[4:]]) != int.from_bytes(view[:4], "big"):
+                    raise ProtocolError("checksum mismatch in the metadata row")
+                if request.aux_index >= 0:
+                    mgr.aux.write(np.array([request.aux_index]), view[4:])
+            elif kind == MsgType.DONE:
+                done = Done.decode(bytes(body))
+                received = progress["pages"]
+                if done.total_pages != received or received != len(pages):
+                    raise ProtocolError(
+                        f"received {received} pages, prefill sent "
+                        f"{done.total_pages}, decode expected {len(pages)}"
+                    )
+                send_frame(sock, MsgType.ACK, self.room)
+                with self._lock:
+                    if self._state != KVPoll.Failed:
+                        self._state = KVPoll.Success
+                record.status = "success"
+                self._sock = None
+                mgr.checkin(self.bootstrap_addr, sock)
+                return
+            elif kind == MsgType.FAILURE:
+                raise KVTransferError(f"prefill reported: {body.decode(errors='replace')}")
+            else:
+                raise ProtocolError(f"unexpected {kind.name} from prefill")

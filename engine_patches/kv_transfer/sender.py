@@ -61,6 +61,7 @@ class TcpKVSender(BaseKVSender):
         self._queue: queue.Queue = queue.Queue()
         self._worker: threading.Thread | None = None
         self._record: TransferRecord | None = None
+        self._released = False  # the connection went back to the manager for reuse
         self._lock = threading.Lock()
 
     # -- state ----------------------------------------------------------------------
@@ -85,7 +86,7 @@ class TcpKVSender(BaseKVSender):
                 return
             self._state, self._reason = KVPoll.Failed, reason
         logger.warning("tcp KV transfer room %d failed: %s", self.room, reason)
-        if self._incoming is not None:
+        if self._incoming is not None and not self._released:
             with contextlib.suppress(OSError):
                 send_frame(self._incoming.conn, MsgType.FAILURE, self.room, reason.encode())
             self._incoming.conn.close()
@@ -147,7 +148,7 @@ class TcpKVSender(BaseKVSender):
         self._fail("aborted on the prefill server")
 
     def clear(self) -> None:
-        if self._incoming is not None:
+        if self._incoming is not None and not self._released:
             self._incoming.conn.close()
 
     # -- worker -----------------------------------------------------------------------
@@ -182,7 +183,8 @@ class TcpKVSender(BaseKVSender):
                         if self._state != KVPoll.Failed:
                             self._state = KVPoll.Success
                     self._finish_record("success", None)
-                    conn.close()
+                    self._released = True
+                    self.kv_mgr.reuse_connection(conn, self._incoming.peer)
                     return
         except (OSError, KVTransferError, ProtocolError) as exc:
             reason = str(exc) or type(exc).__name__
