@@ -1,0 +1,99 @@
+"""The tcp KV transfer backend's pieces without SGLang servers: wire format, pool views,
+and the three narrow hooks that make ``tcp`` a backend SGLang knows."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pytest
+import torch
+
+from engine_patches.kv_transfer.messages import (
+    HEADER,
+    Done,
+    KvChunkHeader,
+    MsgType,
+    ProtocolError,
+    TransferRequest,
+    recv_frame,
+    send_frame,
+)
+from engine_patches.kv_transfer.pool import BufferSet, layout_digest
+
+
+def test_transfer_request_round_trip():
+    req = TransferRequest(1234, 7, layout_digest([2048] * 8, 1), np.array([5, 9, 2**30], np.int32))
+    back = TransferRequest.decode(req.encode())
+    assert (back.decode_prefix_len, back.aux_index, back.layout_digest) == (
+        1234,
+        7,
+        req.layout_digest,
+    )
+    assert back.dst_pages.tolist() == [5, 9, 2**30]
+
+
+def test_frames_cross_a_real_socket_and_bad_peers_are_refused():
+    a, b = socket.socketpair()
+    payload = np.arange(1000, dtype=np.float32)
+    sent = send_frame(a, MsgType.KV_CHUNK, 42, KvChunkHeader(3, 4, 99).encode(), payload)
+    assert sent == HEADER.size + KvChunkHeader.size + payload.nbytes
+    kind, room, body = recv_frame(b)
+    assert (kind, room) == (MsgType.KV_CHUNK, 42)
+    assert KvChunkHeader.decode(body) == KvChunkHeader(3, 4, 99)
+    assert np.frombuffer(body[KvChunkHeader.size :], np.float32).tolist() == payload.tolist()
+
+    send_frame(a, MsgType.DONE, 1, Done(4, 16000).encode())
+    assert Done.decode(bytes(recv_frame(b)[2])) == Done(4, 16000)
+
+    a.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    with pytest.raises(ProtocolError, match="bad magic"):
+        recv_frame(b)
+    a.close()
+    with pytest.raises(ConnectionResetError):
+        recv_frame(b)
+
+
+def test_buffer_set_reads_and_writes_pages_of_every_buffer():
+    page, layers = 2, 3
+    src = [torch.randn(16, page, 4) for _ in range(layers)]
+    dst = [torch.zeros(16, page, 4) for _ in range(layers)]
+    item = page * 4 * 4
+
+    def view(ts):
+        return BufferSet([t.data_ptr() for t in ts], [t.nbytes for t in ts], [item] * len(ts))
+
+    rows = np.array([3, 0, 7])
+    payload = b"".join(t.numpy().tobytes() for t in view(src).read(rows))
+    view(dst).write(np.array([1, 2, 5]), memoryview(payload))
+    for s, d in zip(src, dst, strict=True):
+        assert torch.equal(d[[1, 2, 5]], s[[3, 0, 7]])
+        assert d[[0, 3, 4, 6]].abs().sum() == 0  # nothing else written
+
+
+def test_tcp_is_registered_in_sglangs_three_closed_lists():
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
+    from sglang.srt.disaggregation import utils
+    from sglang.srt.disaggregation.utils import KVClassType, TransferBackend
+
+    from engine_patches.kv_transfer.receiver import TcpKVReceiver
+    from engine_patches.kv_transfer.sender import TcpKVSender
+
+    assert "tcp" in DISAGG_TRANSFER_BACKEND_CHOICES
+    assert TransferBackend("tcp").value == "tcp"
+    assert utils.get_kv_class(TransferBackend("tcp"), KVClassType.SENDER) is TcpKVSender
+    assert utils.get_kv_class(TransferBackend("tcp"), KVClassType.RECEIVER) is TcpKVReceiver
+    # Every other backend still resolves through SGLang's own code.
+    from sglang.srt.disaggregation.fake import FakeKVReceiver
+
+    assert utils.get_kv_class(TransferBackend("fake"), KVClassType.RECEIVER) is FakeKVReceiver
+
+
+def test_idle_hook_targets_exist():
+    """An SGLang upgrade that renames what the plugin hooks must fail here."""
+    from sglang.srt.managers.scheduler import Scheduler
+
+    assert callable(Scheduler.on_idle) and callable(Scheduler.is_fully_idle)
