@@ -1,13 +1,53 @@
-"""Shared fixtures: the default tiny model, built once per session into a temp cache."""
+"""Shared fixtures: the default tiny model, and a colocated SGLang server as the reference
+every disaggregated output must equal."""
 
 from __future__ import annotations
 
+import os
+import shutil
+
+import httpx
 import pytest
 
 from testbed import model as model_mod
+from testbed.server import ServerSpec, SGLangServer
+from workloads.client import generate_payload
+
+
+def pytest_collection_modifyitems(items):
+    """Tests marked netns need root and iproute2; elsewhere they skip and say why.
+    CI runs as root, so there they always run."""
+    if os.geteuid() == 0 and shutil.which("ip"):
+        return
+    for item in items:
+        if "netns" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason="needs root and iproute2 (network namespaces)"))
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The default tiny model; built under the normal cache (reused across runs)."""
     return model_mod.build(model_mod.ModelShape())
+
+
+@pytest.fixture(scope="session")
+def colocated(tiny_model, tmp_path_factory):
+    """A colocated SGLang server: the reference every PD output must equal."""
+    server = SGLangServer(
+        ServerSpec(model_path=tiny_model, port=30401),
+        tmp_path_factory.mktemp("colocated") / "server.log",
+    )
+    server.start()
+    try:
+        server.wait_healthy()
+        yield server
+    finally:
+        server.stop()
+
+
+def reference_output(server: SGLangServer, prompt: list[int], new_tokens: int) -> list[int]:
+    r = httpx.post(
+        f"{server.spec.url}/generate", json=generate_payload(prompt, new_tokens, False), timeout=300
+    )
+    r.raise_for_status()
+    return r.json()["output_ids"]

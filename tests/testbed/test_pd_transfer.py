@@ -18,7 +18,7 @@ import pytest
 from reports.records import read_records
 from testbed.deployment import Deployment
 from testbed.scenario import Scenario, ServersSpec
-from tests.testbed.conftest import reference_output
+from tests.conftest import reference_output
 from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
 from workloads.client import generate_payload

@@ -14,14 +14,13 @@ import pytest
 from reports.metrics import Metric
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.workload_cli import LOCUSTFILE
-from tests.testbed.conftest import colocated  # noqa: F401 - the session fixture
 from workloads.generator import AgenticConfig, generate
 
 pytestmark = pytest.mark.sglang
 
 
 @pytest.fixture
-def router(colocated, tmp_path):  # noqa: F811
+def router(colocated, tmp_path):
     config = RouterConfig(
         system="colocated",
         policy="colocated",
