@@ -23,8 +23,8 @@ lint:            ## ruff lint and format check
 format:          ## ruff format and autofix
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
-bench:           ## serve the default model and print measured TTFT/ITL
-	$(BIN)/testbed bench
+bench:           ## every system of the default scenario on one network and trace; HTML report
+	$(BIN)/testbed bench default
 
 clean:           ## remove run outputs (keeps the venv)
 	rm -rf runs .pytest_cache

@@ -176,14 +176,45 @@ def down(name: str = typer.Option("default", help="Network name.")) -> None:
 
 @app.command()
 def bench(
+    scenario: str = typer.Argument("default", help="Scenario file or name in scenarios/."),
+    system: list[str] = typer.Option(None, help="Run only these systems (repeatable)."),
+    out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
+) -> None:
+    """Every system of the scenario on the same network and trace; HTML report at the end."""
+    from testbed.bench.run import run_bench
+    from testbed.net_cli import fail
+    from testbed.scenario import Scenario, ScenarioError
+    from topologies.netns import NetworkError
+
+    try:
+        run_bench(Scenario.load(scenario), out, console, system or None)
+    except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
+        raise fail(exc) from exc
+
+
+@app.command("bench-quick")
+def bench_quick(
     model: Path = typer.Option(None, help="Model directory (default: the built-in tiny model)."),
     port: int = typer.Option(30100, help="Port of the temporary server."),
     out: Path = typer.Option(Path("runs"), help="Directory for the run's files."),
 ) -> None:
-    """Serve the default model and print measured TTFT/ITL for a small fixed request set."""
+    """One colocated server on this host: TTFT/ITL of a small fixed request set."""
     from testbed.quickbench import run_quickbench
 
     run_quickbench(resolve_model(model), port, out, console)
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="A bench run directory.")) -> None:
+    """Regenerate report.html from a run directory's stored records alone."""
+    from reports.render import write_report
+
+    try:
+        path = write_report(run_dir)
+    except FileNotFoundError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"report: {path}")
 
 
 @app.command("bench-transfer")

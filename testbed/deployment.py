@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from testbed.model import describe as describe_model
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.scenario import Scenario
 from testbed.server import ServerError, ServerSpec, SGLangServer
@@ -170,6 +171,7 @@ class Deployment:
             "system": self.system.name,
             "policy": self.system.policy,
             "model": str(model),
+            "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
             "servers": [{"name": s.name, "role": s.role, "host": s.host, "site": s.site,
                          "url": s.spec.url, "argv": s.spec.argv()} for s in self.servers],
             "router": self.router_url,

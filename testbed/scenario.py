@@ -8,6 +8,8 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from reports.cost import CostTable
+from reports.sla import SLA
 from topologies.spec import NetworkSpec
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
@@ -91,6 +93,23 @@ class WorkloadSpec(BaseModel):
         return path
 
 
+class CostSpec(BaseModel):
+    """Prices, and which accelerator each site's servers stand for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    table: CostTable = Field(
+        default_factory=lambda: CostTable(
+            accelerators={"GPU-A": 1.0, "GPU-B": 1.25}, wan_line=0.35
+        ),
+        description="Price per accelerator-hour by type, and per WAN line-hour.",
+    )
+    site_accelerators: dict[str, str] = Field(
+        default_factory=lambda: {"A": "GPU-A", "B": "GPU-B"},
+        description="The accelerator type every server of a site counts as.",
+    )
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -100,6 +119,11 @@ class Scenario(BaseModel):
     model: ModelSpec = Field(default_factory=ModelSpec, description="What the servers serve.")
     servers: ServersSpec = Field(default_factory=ServersSpec, description="Server settings.")
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec, description="What clients send.")
+    sla: SLA = Field(
+        default_factory=lambda: SLA(ttft_s=2.0, itl_s=0.1),
+        description="TTFT and inter-token bounds, attainment.",
+    )
+    cost: CostSpec = Field(default_factory=CostSpec, description="Cost table for BCR.")
     systems: list[str] = Field(
         default_factory=lambda: ["colocated", "same_site_pd", "cross_site_pd"],
         description="Systems to compare (see testbed.systems).",

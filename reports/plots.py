@@ -1,0 +1,102 @@
+"""Figures for the report (matplotlib + seaborn), each returned as a base64 PNG."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from reports.run_data import RunData  # noqa: E402
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def ttft_cdf(run: RunData) -> str:
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for name, s in run.systems.items():
+        ok = s.records[s.records["status"] == "ok"]
+        ttft = np.sort((ok["first_token"] - ok["arrival"]).dropna().to_numpy())
+        if len(ttft):
+            ax.plot(ttft, np.arange(1, len(ttft) + 1) / len(ttft), label=name)
+    ax.set(xlabel="time to first token (s)", ylabel="share of requests", title="TTFT CDF")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return _png(fig)
+
+
+def latency_boxes(run: RunData) -> str:
+    rows = []
+    for name, s in run.systems.items():
+        ok = s.records[s.records["status"] == "ok"]
+        for t in ok["token_times"]:
+            gaps = np.diff(np.asarray(t, float))
+            rows += [{"system": name, "metric": "inter-token (s)", "value": g} for g in gaps]
+        rows += [
+            {"system": name, "metric": "end-to-end (s)", "value": v}
+            for v in (ok["finish"] - ok["arrival"]).dropna()
+        ]
+    frame = pd.DataFrame(rows)
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for ax, metric in zip(axes, ("inter-token (s)", "end-to-end (s)"), strict=True):
+        part = frame[frame["metric"] == metric] if not frame.empty else frame
+        if not part.empty:
+            sns.boxplot(data=part, x="system", y="value", ax=ax, showfliers=False)
+        ax.set(title=metric, xlabel="", ylabel="s")
+        ax.tick_params(axis="x", rotation=20)
+    return _png(fig)
+
+
+def wan_bytes_scatter(run: RunData) -> str:
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for name, s in run.systems.items():
+        r = s.records
+        if "kv_link" not in r or not (r["kv_link"] == "wan").any():
+            continue
+        wan = r[(r["kv_link"] == "wan") & (r["status"] == "ok")]
+        per_token = s.manifest.get("kv_bytes_per_token", 0)
+        minimum = (wan["prompt_tokens"] - wan["cached_tokens_decode"].fillna(0)) * per_token
+        ax.scatter(minimum / 1e6, wan["kv_bytes"] / 1e6, s=12, label=name)
+    lim = ax.get_xlim()[1] if ax.has_data() else 1
+    ax.plot([0, lim], [0, lim], "k--", lw=1, label="(1 − hit) × full KV")
+    ax.set(
+        xlabel="minimum: KV the decode side lacked (MB)",
+        ylabel="KV sent over the WAN (MB)",
+        title="WAN bytes per request",
+    )
+    ax.legend()
+    return _png(fig)
+
+
+def utilisation(frame: pd.DataFrame) -> str:
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    if not frame.empty:
+        sns.lineplot(data=frame, x="t_s", y="utilisation", hue="system", ax=ax)
+    ax.set(
+        xlabel="time since the first transfer (s)",
+        ylabel="share of WAN rate",
+        title="WAN utilisation by KV transfers",
+        ylim=(0, 1.1),
+    )
+    return _png(fig)
+
+
+def hit_bins(frame: pd.DataFrame) -> str:
+    fig, ax = plt.subplots(figsize=(6.4, 3.2))
+    if not frame.empty:
+        bins = [c for c in frame.columns if c.endswith("%")]
+        long = frame.melt(id_vars="system", value_vars=bins, var_name="hit bin", value_name="share")
+        sns.barplot(data=long, x="hit bin", y="share", hue="system", ax=ax)
+    ax.set(title="Prefix-hit ratio of requests, PDD's seven bins")
+    return _png(fig)

@@ -1,0 +1,82 @@
+"""A benchmark run directory, read back: scenario, and per system its records,
+manifest, link check and KV transfer logs. Files only — no live process needed.
+
+Layout written by ``testbed bench``::
+
+    RUN_DIR/scenario.json, trace.jsonl, report.html
+    RUN_DIR/<system>/records.parquet (or records.jsonl), manifest.json, link_check.json,
+                     transfers-*.jsonl, locust_stats.csv, server-*.log, router.log
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from reports.records import COLUMNS, read_records
+
+
+@dataclass
+class SystemRun:
+    name: str
+    records: pd.DataFrame
+    manifest: dict
+    link_check: list[dict] = field(default_factory=list)
+    transfers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cost: dict = field(default_factory=dict)
+
+
+@dataclass
+class RunData:
+    path: Path
+    scenario: dict
+    systems: dict[str, SystemRun]
+
+
+def records_frame(system_dir: Path) -> pd.DataFrame:
+    parquet = system_dir / "records.parquet"
+    if parquet.exists():
+        return pd.read_parquet(parquet)
+    jsonl = system_dir / "records.jsonl"
+    rows = [r.__dict__ for r in read_records(jsonl)] if jsonl.exists() else []
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def write_parquet(system_dir: Path) -> Path:
+    """records.jsonl → records.parquet (the raw per-request data a report reads)."""
+    frame = records_frame(system_dir)
+    path = system_dir / "records.parquet"
+    frame.to_parquet(path, index=False)
+    return path
+
+
+def load_run(run_dir: Path) -> RunData:
+    run_dir = Path(run_dir)
+    scenario_file = run_dir / "scenario.json"
+    if not scenario_file.exists():
+        raise FileNotFoundError(f"{run_dir} is not a bench run directory (no scenario.json)")
+    scenario = json.loads(scenario_file.read_text())
+    systems = {}
+    for name in scenario.get("systems", []):
+        d = run_dir / name
+        if not (d / "manifest.json").exists():
+            continue  # a system that did not run (its failure is in the bench log)
+        transfers = [
+            json.loads(line)
+            for p in sorted(d.glob("transfers-*.jsonl"))
+            for line in p.read_text().splitlines()
+            if line.strip()
+        ]
+        systems[name] = SystemRun(
+            name=name,
+            records=records_frame(d),
+            manifest=json.loads((d / "manifest.json").read_text()),
+            link_check=json.loads((d / "link_check.json").read_text())
+            if (d / "link_check.json").exists() else [],
+            transfers=pd.DataFrame(transfers),
+            cost=json.loads((d / "cost.json").read_text()) if (d / "cost.json").exists() else {},
+        )  # fmt: skip
+    return RunData(run_dir, scenario, systems)

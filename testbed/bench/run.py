@@ -1,0 +1,144 @@
+"""``make bench``: every system of a scenario on the same network and the same trace.
+
+Per system: deployment up → link fidelity check → Locust replays the trace from the
+client host → deployment down; then the records go to parquet and the report is built
+from the run directory alone (``testbed report RUN_DIR`` does the same later).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from reports.render import write_report
+from reports.run_data import write_parquet
+from reports.tables import goodput_bcr, latency
+from testbed.deployment import Deployment
+from testbed.scenario import Scenario
+from testbed.workload_cli import locust_argv
+from topologies.check import check_network
+
+NET_NAME = "bench"
+
+
+def system_cost(deployment: Deployment, scenario: Scenario) -> dict:
+    """Each server counts as one accelerator of its site's type; one line if sites differ."""
+    types = scenario.cost.site_accelerators
+    counts = Counter(types.get(s.site, f"site-{s.site}") for s in deployment.servers)
+    sites = {s.site for s in deployment.servers}
+    return {"accelerators": dict(counts), "wan_lines": 1 if len(sites) > 1 else 0}
+
+
+def run_system(
+    scenario: Scenario, system: str, trace: Path, run_dir: Path, console: Console
+) -> None:
+    out = run_dir / system
+    with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
+        deployment = Deployment(scenario, system, out, NET_NAME).up()
+    try:
+        with console.status(f"[bold]{system}[/bold]: checking the links"):
+            check = [m.as_row() for m in check_network(deployment.net, seconds=3)]
+        (out / "link_check.json").write_text(json.dumps(check, indent=2))
+        bad = [m for m in check if not m["ok"]]
+        if bad:
+            console.print(
+                f"[yellow]{system}: {len(bad)} link measurement(s) out of tolerance "
+                f"(see the report)[/yellow]"
+            )
+        (out / "cost.json").write_text(json.dumps(system_cost(deployment, scenario)))
+        client = deployment.net.hosts_with_role("client")[0]
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            deployment.net.ns(client),
+            *locust_argv(deployment.router_url, trace, scenario.workload, out),
+        ]
+        t0 = time.monotonic()
+        with open(out / "locust.log", "w") as log:
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+            with console.status("") as status:
+                while proc.poll() is None:
+                    done = _lines(out / "client.jsonl")
+                    status.update(
+                        f"[bold]{system}[/bold]: {done} requests done, "
+                        f"{time.monotonic() - t0:.0f} s"
+                    )
+                    time.sleep(1.0)
+        if proc.returncode not in (0, 1):  # Locust exits 1 when some requests failed
+            raise RuntimeError(
+                f"{system}: Locust exited with {proc.returncode}; see {out}/locust.log"
+            )
+        time.sleep(1.0)  # the router writes a record after its last token
+    finally:
+        deployment.down()
+    write_parquet(out)
+    console.print(
+        f"{system}: {_lines(out / 'client.jsonl')} requests in {time.monotonic() - t0:.0f} s"
+    )
+
+
+def _lines(path: Path) -> int:
+    try:
+        return sum(1 for _ in open(path))
+    except FileNotFoundError:
+        return 0
+
+
+def run_bench(
+    scenario: Scenario, out: Path, console: Console, systems: list[str] | None = None
+) -> Path:
+    run_dir = out / time.strftime(f"bench-{scenario.name}-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    systems = systems or scenario.systems
+    data = scenario.model_dump(mode="json")
+    data["systems"] = systems
+    (run_dir / "scenario.json").write_text(json.dumps(data, indent=2))
+    trace = scenario.workload.materialize(run_dir)  # the same trace for every system
+    console.print(
+        f"bench {scenario.name}: systems {', '.join(systems)}; trace {trace}; "
+        f"run directory {run_dir}"
+    )
+    for system in systems:
+        run_system(scenario, system, trace, run_dir, console)
+    report = write_report(run_dir)
+    console.print(summary(run_dir))
+    console.print(f"report: {report}")
+    return run_dir
+
+
+def summary(run_dir: Path) -> Table:
+    from reports.run_data import load_run
+
+    run = load_run(run_dir)
+    lat, good = latency(run), goodput_bcr(run)
+    table = Table(title="summary (measured)")
+    for col in (
+        "system",
+        "requests",
+        "errors",
+        "TTFT P50",
+        "TTFT P90",
+        "TTFT P99",
+        "SLA goodput (req/s)",
+        "cost/h",
+        "BCR",
+    ):
+        table.add_column(col, justify="right")
+    for (_, a), (_, b) in zip(lat.iterrows(), good.iterrows(), strict=True):
+        table.add_row(
+            a["system"],
+            str(a["requests"]),
+            str(a["errors"]),
+            *(f"{a[f'ttft_p{p}_s']:.3f} s" for p in (50, 90, 99)),
+            f"{b['sla_goodput_rps']:.3f}",
+            f"{b['cost_per_hour']:.2f}",
+            f"{b['bcr']:.4f}",
+        )
+    return table

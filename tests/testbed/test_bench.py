@@ -1,0 +1,59 @@
+"""A scaled-down `make bench`: two systems, a few requests, the full report; and
+`testbed report` rebuilding the same tables from the run directory alone."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from reports.run_data import load_run
+from reports.tables import all_tables
+from testbed.bench.run import run_bench
+from testbed.scenario import Scenario
+
+pytestmark = [pytest.mark.sglang, pytest.mark.netns]
+
+SECTIONS = ["checks", "ttft", "itl", "goodput", "wan", "hits", "routing", "relay", "paper", "links"]
+
+
+def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
+    base = Scenario.load("default").model_dump()
+    base["workload"]["generator"].update(
+        sessions=2, turns=[2, 2], anomalous_share=0.0, output_tokens=[8, 16]
+    )
+    base["systems"] = ["colocated", "cross_site_pd"]
+    scenario = Scenario.model_validate(base)
+
+    run_dir = run_bench(scenario, tmp_path, Console(file=io.StringIO()))
+
+    html = (run_dir / "report.html").read_text()
+    for section in SECTIONS:
+        assert f'id="{section}"' in html, section
+    assert "<img" in html and "No KV crossed the WAN" not in html
+    for system in scenario.systems:
+        assert (run_dir / system / "records.parquet").exists()
+        assert (run_dir / system / "manifest.json").exists()
+        assert (run_dir / system / "locust_stats.csv").exists()
+    run = load_run(run_dir)
+    lat = all_tables(run)["latency"].set_index("system")
+    assert (lat["requests"] == 4).all() and (lat["errors"] == 0).all()
+    assert (run.systems["cross_site_pd"].records["kv_link"] == "wan").all()
+
+    before = all_tables(run)
+    (run_dir / "report.html").unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "testbed.cli", "report", str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (run_dir / "report.html").exists()
+    after = all_tables(load_run(run_dir))
+    for name, frame in before.items():
+        pd.testing.assert_frame_equal(frame, after[name], check_dtype=False)
