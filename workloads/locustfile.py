@@ -186,7 +186,9 @@ class TraceUser(User):
     def _finish_if_done(self) -> None:
         """The whole trace has been replayed: end the run instead of idling until -t."""
         if _Shared.exhausted and _Shared.active == 0 and self.environment.runner is not None:
-            gevent.spawn_later(0.5, self.environment.runner.quit)
+            # Locust writes --csv stats every second; quitting sooner could drop the
+            # last requests from the files.
+            gevent.spawn_later(2.5, self.environment.runner.quit)
 
     def _open_loop(self, options) -> None:
         with _Shared.lock:
