@@ -50,6 +50,33 @@ def generate_payload(input_ids: list[int], max_new_tokens: int, stream: bool) ->
     }
 
 
+class StreamError(RuntimeError):
+    """The server reported an error inside the stream."""
+
+
+def iter_new_tokens(lines):
+    """Parse SGLang's ``/generate`` SSE lines (str); yield (new output ids, meta_info).
+
+    Chunks carry cumulative ids by default, only the new ones with SGLang's
+    --incremental-streaming-output; ``completion_tokens`` says how many are new.
+    """
+    seen = 0
+    for line in lines:
+        if not line or not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        chunk = json.loads(data)
+        if "error" in chunk:
+            raise StreamError(str(chunk["error"])[:500])
+        meta = chunk.get("meta_info", {})
+        fresh = int(meta.get("completion_tokens", 0)) - seen
+        new = chunk["output_ids"][-fresh:] if fresh > 0 else []
+        seen += len(new)
+        yield new, meta
+
+
 def stream_generate(
     client: httpx.Client, url: str, input_ids: list[int], max_new_tokens: int, timeout: float = 300
 ) -> StreamResult:
@@ -58,21 +85,8 @@ def stream_generate(
     payload = generate_payload(input_ids, max_new_tokens, stream=True)
     with client.stream("POST", f"{url}/generate", json=payload, timeout=timeout) as response:
         response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise RuntimeError(f"server error: {chunk['error']}")
+        for new, meta in iter_new_tokens(response.iter_lines()):
             now = time.monotonic()
-            # Chunks carry cumulative ids by default, only the new ones with SGLang's
-            # --incremental-streaming-output; completion_tokens says how many are new.
-            meta = chunk.get("meta_info", {})
-            fresh = int(meta.get("completion_tokens", 0)) - len(result.output_ids)
-            new = chunk["output_ids"][-fresh:] if fresh > 0 else []
             result.output_ids.extend(new)
             result.token_times.extend([now] * len(new))
             result.meta_info = meta

@@ -24,13 +24,13 @@ from locust import User, events, task
 from locust.exception import StopUser
 
 from reports.metrics import Metric
+from workloads.client import generate_payload
 from workloads.readers import read_trace
 from workloads.replay import (
     ClientRecord,
     RecordSink,
     SessionState,
     consume_stream,
-    generate_body,
     session_order,
 )
 from workloads.tokens import TokenSynth
@@ -118,7 +118,7 @@ class TraceUser(User):
         try:
             with self.http.post(
                 f"{self.base}/generate",
-                json=generate_body(prompt, req.output_length),
+                json=generate_payload(prompt, req.output_length, stream=True),
                 headers=headers,
                 stream=True,
                 timeout=900,

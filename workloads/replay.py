@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from workloads.client import StreamError, iter_new_tokens
 from workloads.tokens import TokenSynth
 from workloads.trace import Request, Trace
 
@@ -85,38 +86,18 @@ class RecordSink:
             f.write(json.dumps(asdict(record), separators=(",", ":")) + "\n")
 
 
-def generate_body(prompt: list[int], output_tokens: int) -> dict:
-    return {
-        "input_ids": prompt,
-        "stream": True,
-        "sampling_params": {
-            "max_new_tokens": output_tokens,
-            "temperature": 0.0,
-            "ignore_eos": True,
-        },
-    }
-
-
 def consume_stream(lines, record: ClientRecord) -> list[int]:
     """Read SGLang's SSE lines (str), timing each new token; returns the output ids."""
     output: list[int] = []
-    for line in lines:
-        if not line or not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            break
-        chunk = json.loads(data)
-        if "error" in chunk:
-            record.status, record.error = "error", str(chunk["error"])[:500]
-            break
-        meta = chunk.get("meta_info", {})
-        fresh = int(meta.get("completion_tokens", 0)) - len(output)
-        if fresh > 0:
-            now = time.time()
-            output.extend(chunk["output_ids"][-fresh:])
-            record.token_times.extend([now] * fresh)
-            record.first_token = record.first_token or now
+    try:
+        for new, _ in iter_new_tokens(lines):
+            if new:
+                now = time.time()
+                output.extend(new)
+                record.token_times.extend([now] * len(new))
+                record.first_token = record.first_token or now
+    except StreamError as exc:
+        record.status, record.error = "error", str(exc)
     record.output_tokens = len(output)
     record.finish = time.time()
     if record.status == "ok" and record.output_tokens < record.expected_output_tokens:
