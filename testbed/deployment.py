@@ -129,6 +129,16 @@ class Deployment:
             s.server.start()
         with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
             list(pool.map(lambda s: s.server.wait_healthy(cfg.startup_timeout_s), self.servers))
+        for s in self.servers:
+            # A smaller pool than configured would make every result about memory
+            # pressure, not about the system: refuse instead of measuring it.
+            tokens = s.server.kv_pool_tokens()
+            if tokens is not None and tokens < cfg.max_total_tokens:
+                raise ServerError(
+                    f"{s.name} allocated a KV pool of {tokens} tokens, below "
+                    f"servers.max_total_tokens={cfg.max_total_tokens}; raise "
+                    f"servers.mem_fraction_static or lower max_total_tokens"
+                )
 
     def _start_router(self) -> None:
         cfg = self.scenario.servers

@@ -43,7 +43,9 @@ class ServersSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_total_tokens: int = Field(65536, gt=0, description="KV pool size per server (tokens).")
-    mem_fraction_static: float = Field(0.05, gt=0, le=1)
+    mem_fraction_static: float = Field(
+        0.2, gt=0, le=1, description="Memory budget share; the pool is still max_total_tokens."
+    )
     decode_radix_cache: bool = Field(True, description="Decode-side prefix cache (DRC).")
     kv_idle_timeout_s: float = Field(
         30.0, gt=0, description="A stalled KV transfer fails after this."

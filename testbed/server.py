@@ -44,7 +44,7 @@ class ServerSpec:
     host: str = "127.0.0.1"
     port: int = 30000
     max_total_tokens: int = 65536
-    mem_fraction_static: float = 0.05
+    mem_fraction_static: float = 0.2  # a budget; max_total_tokens bounds the pool
     transfer_backend: str = "tcp"
     bootstrap_port: int = 8998
     decode_radix_cache: bool = True
@@ -189,6 +189,12 @@ class SGLangServer:
             f"log {self.log_path}:\n{self.log_tail()}"
         )
 
+    def kv_pool_tokens(self) -> int | None:
+        """The KV pool SGLang actually allocated (it can be below --max-total-tokens
+        when the memory budget is smaller); None if the server does not say."""
+        info = httpx.get(f"{self.spec.url}/server_info", timeout=10).json()
+        return _find_key(info, "max_total_num_tokens")
+
     def stop(self, grace: float = 20.0) -> int | None:
         """Terminate the server and every process in its group; returns its exit status."""
         return self._proc.stop(grace) if self._proc else None
@@ -198,3 +204,20 @@ class SGLangServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _find_key(data, key: str):
+    """The first integer under ``key`` anywhere in nested JSON."""
+    if isinstance(data, dict):
+        if isinstance(data.get(key), int):
+            return data[key]
+        values = list(data.values())
+    elif isinstance(data, list):
+        values = data
+    else:
+        return None
+    for value in values:
+        found = _find_key(value, key)
+        if found is not None:
+            return found
+    return None
