@@ -117,7 +117,13 @@ def wan_utilisation(run: RunData, bucket_s: float = 1.0) -> pd.DataFrame:
         t = s.transfers
         if t.empty or rate == 0:
             continue
-        t = t[(t["side"] == "decode") & t["first_byte"].notna() & t["end"].notna()]
+        wan_rooms = set(s.records.loc[s.records["kv_link"] == "wan", "room"].dropna().astype(int))
+        t = t[
+            (t["side"] == "decode")
+            & t["first_byte"].notna()
+            & t["end"].notna()
+            & t["room"].isin(wan_rooms)
+        ]  # LAN transfers do not use the WAN
         if t.empty:
             continue
         start = t["first_byte"].min()
