@@ -118,27 +118,18 @@ def summary(run_dir: Path) -> Table:
 
     run = load_run(run_dir)
     lat, good = latency(run), goodput_bcr(run)
-    table = Table(title="summary (measured)")
-    for col in (
-        "system",
-        "requests",
-        "errors",
-        "TTFT P50",
-        "TTFT P90",
-        "TTFT P99",
-        "SLA goodput (req/s)",
-        "cost/h",
-        "BCR",
-    ):
-        table.add_column(col, justify="right")
+    table = Table(title="summary (measured; TTFT in s, goodput in SLA-met req/s)")
+    for col in ("system", "req", "err", "P50", "P90", "P99", "goodput", "cost/h", "BCR"):
+        table.add_column(col, justify="right", no_wrap=True)
     for (_, a), (_, b) in zip(lat.iterrows(), good.iterrows(), strict=True):
+        ttfts = (f"{a[f'ttft_p{p}_s']:.2f}" for p in (50, 90, 99))
         table.add_row(
             a["system"],
             str(a["requests"]),
             str(a["errors"]),
-            *(f"{a[f'ttft_p{p}_s']:.3f} s" for p in (50, 90, 99)),
-            f"{b['sla_goodput_rps']:.3f}",
+            *ttfts,
+            f"{b['sla_goodput_rps']:.2f}",
             f"{b['cost_per_hour']:.2f}",
-            f"{b['bcr']:.4f}",
+            f"{b['bcr']:.3f}",
         )
     return table
