@@ -14,7 +14,7 @@ import random
 import time
 import uuid
 
-from aiohttp import ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from reports.records import RecordWriter, RequestRecord
 from testbed.router.config import RouterConfig, ServerEntry
@@ -81,6 +81,12 @@ class Router:
             self.loads.in_flight[name] += 1
         try:
             return await self._serve(request, body, route, record)
+        except (TimeoutError, ClientError, UpstreamError) as exc:
+            # A server that is down or dies mid-request: a clear error, never a 500
+            # with a traceback, and a record that says so.
+            message = f"upstream failure on {record.decode_server}: {exc!r}"[:500]
+            record.status, record.error = "error", message
+            return web.json_response({"error": message}, status=502)
         finally:
             for name in busy:
                 self.loads.in_flight[name] -= 1

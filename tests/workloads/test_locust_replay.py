@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ from reports.metrics import Metric
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.workload_cli import LOCUSTFILE
 from workloads.generator import AgenticConfig, generate
+from workloads.trace import Trace
 
 pytestmark = pytest.mark.sglang
 
@@ -107,3 +109,56 @@ def test_closed_loop_sessions_through_locust(router, tmp_path):
     routed = [json.loads(line) for line in router.records.read_text().splitlines()]
     assert len(routed) == len(records)
     assert any(r["turn"] and r["cached_tokens_prefill"] for r in routed)
+
+
+def test_open_loop_replays_arrival_times(router, tmp_path):
+    trace = generate(
+        AgenticConfig(
+            sessions=1,
+            turns=(1, 1),
+            seed=3,
+            anomalous_share=0.0,
+            length_scale=0.25,
+            output_tokens=(8, 8),
+        )
+    )
+    # Three independent requests arriving 0, 1 and 2 s into the run.
+    reqs = [
+        replace(trace.requests[0], request_id=f"o{i}", session_id=f"o{i}", arrival_s=float(i))
+        for i in range(3)
+    ]
+    Trace("open", trace.block_tokens, reqs).to_jsonl(tmp_path / "open.jsonl")
+    argv = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-u",
+        "1",
+        "-r",
+        "1",
+        "-t",
+        "60s",
+        "--host",
+        "http://127.0.0.1:30451",
+        "--mode",
+        "open",
+        "--trace",
+        str(tmp_path / "open.jsonl"),
+        "--records",
+        str(tmp_path / "client.jsonl"),
+        "--only-summary",
+        "--stop-timeout",
+        "10",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = sorted(
+        (json.loads(line) for line in (tmp_path / "client.jsonl").read_text().splitlines()),
+        key=lambda r: r["sent"],
+    )
+    assert [r["session_id"] for r in records] == ["o0", "o1", "o2"]
+    gaps = [b["sent"] - a["sent"] for a, b in zip(records, records[1:], strict=False)]
+    assert all(0.8 <= g <= 1.5 for g in gaps), gaps  # sent on the arrival clock
