@@ -54,7 +54,6 @@ class Network:
         self.log_dir = log_dir or Path("runs") / f"net-{name}"
         self.applied: list[AppliedLink] = []
         self.backend_name: str | None = None
-        self._up = False
 
     # ---- lookup -------------------------------------------------------------------
     def ns(self, node: str) -> str:
@@ -112,7 +111,6 @@ class Network:
         except BaseException:
             self.down()
             raise
-        self._up = True
         return self
 
     def attach(self) -> Network:
@@ -125,16 +123,10 @@ class Network:
             raise NetworkError(f"network {self.name!r} is up with a different network spec")
         self.backend_name = state["backend"]
         self.applied = [AppliedLink(**link) for link in state["links"]]
-        self._up = True
         return self
-
-    @property
-    def is_up(self) -> bool:
-        return self._up
 
     def down(self) -> None:
         Network.down_by_name(self.name)
-        self._up = False
 
     @staticmethod
     def down_by_name(name: str) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 ENV = "PDD_KV_TRANSFER_LOG"
 
@@ -29,7 +29,6 @@ class TransferRecord:
     wire_bytes: int = 0  # every frame, headers included (TCP/IP headers excluded)
     decode_prefix_len: int = 0
     page_size: int = 1
-    extra: dict = field(default_factory=dict)
 
 
 class TransferLog:

@@ -47,6 +47,35 @@ def router(colocated, tmp_path):
         proc.wait(timeout=10)
 
 
+def run_locust(users: int, trace, tmp_path, *extra: str) -> subprocess.CompletedProcess:
+    """Headless Locust with the project's locustfile against the test router."""
+    argv = [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-u",
+        str(users),
+        "-r",
+        str(users),
+        "-t",
+        "120s",
+        "--host",
+        "http://127.0.0.1:30451",
+        "--trace",
+        str(trace),
+        "--records",
+        str(tmp_path / "client.jsonl"),
+        "--only-summary",
+        "--stop-timeout",
+        "10",
+        *extra,
+    ]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+
+
 def test_closed_loop_sessions_through_locust(router, tmp_path):
     config = AgenticConfig(
         sessions=3,
@@ -59,32 +88,7 @@ def test_closed_loop_sessions_through_locust(router, tmp_path):
     )
     trace = generate(config)
     trace.to_jsonl(tmp_path / "trace.jsonl")
-    argv = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(LOCUSTFILE),
-        "--headless",
-        "-u",
-        "2",
-        "-r",
-        "2",
-        "-t",
-        "120s",
-        "--host",
-        "http://127.0.0.1:30451",
-        "--trace",
-        str(tmp_path / "trace.jsonl"),
-        "--records",
-        str(tmp_path / "client.jsonl"),
-        "--csv",
-        str(tmp_path / "locust"),
-        "--only-summary",
-        "--stop-timeout",
-        "10",
-    ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    done = run_locust(2, tmp_path / "trace.jsonl", tmp_path, "--csv", str(tmp_path / "locust"))
     assert done.returncode == 0, done.stderr[-3000:]
 
     rows = list(csv.DictReader((tmp_path / "locust_stats.csv").read_text().splitlines()))
@@ -128,32 +132,7 @@ def test_open_loop_replays_arrival_times(router, tmp_path):
         for i in range(3)
     ]
     Trace("open", trace.block_tokens, reqs).to_jsonl(tmp_path / "open.jsonl")
-    argv = [
-        sys.executable,
-        "-m",
-        "locust",
-        "-f",
-        str(LOCUSTFILE),
-        "--headless",
-        "-u",
-        "1",
-        "-r",
-        "1",
-        "-t",
-        "60s",
-        "--host",
-        "http://127.0.0.1:30451",
-        "--mode",
-        "open",
-        "--trace",
-        str(tmp_path / "open.jsonl"),
-        "--records",
-        str(tmp_path / "client.jsonl"),
-        "--only-summary",
-        "--stop-timeout",
-        "10",
-    ]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    done = run_locust(1, tmp_path / "open.jsonl", tmp_path, "--mode", "open")
     assert done.returncode == 0, done.stderr[-3000:]
     records = sorted(
         (json.loads(line) for line in (tmp_path / "client.jsonl").read_text().splitlines()),
