@@ -155,8 +155,9 @@ def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
         elif wan.rate_mbit:
             # Under random loss TCP cannot fill the link (Mathis et al.); check the rate
             # limiter with a UDP flood instead: received = rate × (1 − loss).
-            flood = iperf(net, src, dst, seconds, udp_mbit=1.2 * wan.rate_mbit)["sum"]
-            received = flood["bits_per_second"] * (1 - flood["lost_percent"] / 100) / 1e6
+            end = iperf(net, src, dst, seconds, udp_mbit=1.2 * wan.rate_mbit)
+            # The receiver's own rate: what the link delivered, queueing included.
+            received = end["sum_received"]["bits_per_second"] / 1e6
             expected = wan.rate_mbit * (1 - wan.loss_pct / 100)
             rows.append(
                 Measurement(
