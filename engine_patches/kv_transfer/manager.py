@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
 import time
@@ -156,7 +157,7 @@ class TcpKVManager(BaseKVManager):
             idle = self._idle.get(addr, [])
             while idle:
                 sock, since = idle.pop()
-                if time.monotonic() - since < POOL_IDLE_S / 2:
+                if time.monotonic() - since < POOL_IDLE_S / 2 and _still_open(sock):
                     return sock
                 sock.close()
         return None
@@ -203,6 +204,18 @@ class TcpKVManager(BaseKVManager):
             ]
             for room in expired:
                 self._incoming.pop(room).conn.close()
+
+
+def _still_open(sock: socket.socket) -> bool:
+    """An idle pooled connection has nothing to read and no pending error; one that
+    the peer closed, or that keepalive gave up on (a cut WAN), has."""
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            return False
+        readable, _, _ = select.select([sock], [], [], 0)
+        return not readable
+    except (OSError, ValueError):
+        return False
 
 
 class TcpKVBootstrapServer(BaseKVBootstrapServer):

@@ -142,10 +142,13 @@ class TcpKVReceiver(BaseKVReceiver):
                 try:
                     self._exchange(request, record, progress)
                     return
-                except ConnectionError:
-                    # A pooled connection the prefill had already closed: retry once,
-                    # on a new connection, if nothing of this transfer arrived yet.
-                    if not reused or progress["frames"]:
+                except OSError as exc:
+                    # A pooled connection that died while idle (peer closed, or keepalive
+                    # gave up during a WAN cut): retry once on a new connection, if
+                    # nothing of this transfer arrived yet. A plain socket timeout
+                    # (errno None) is a real stall and is not retried.
+                    dead = isinstance(exc, ConnectionError) or exc.errno is not None
+                    if not reused or progress["frames"] or not dead:
                         raise
                     self._sock.close()
         except TimeoutError as exc:

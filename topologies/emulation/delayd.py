@@ -67,8 +67,14 @@ def verdict_batch(queue: int, up_to_id: int) -> bytes:
     )
 
 
-def packet_ids(buffer: bytes) -> list[int]:
-    """Packet ids of every NFQNL_MSG_PACKET in a netlink datagram."""
+def packet_ids(buffer: bytes, errors: list[int] | None = None) -> list[int]:
+    """Packet ids of every NFQNL_MSG_PACKET in a netlink datagram.
+
+    Netlink error replies are appended to ``errors`` (as negative errno) when given,
+    else raised: during configuration a refusal is fatal; while serving, the kernel
+    answers ENOENT to a batch verdict whose packets it no longer holds, which is
+    harmless and must not stop the daemon (every later packet would be dropped).
+    """
     ids, offset = [], 0
     while offset + 16 <= len(buffer):
         length, msg_type = struct.unpack_from("=IH", buffer, offset)
@@ -87,7 +93,9 @@ def packet_ids(buffer: bytes) -> list[int]:
                 attr += (alen + 3) & ~3
         elif msg_type == NLMSG_ERROR:
             code = struct.unpack_from("=i", buffer, offset + 16)[0]
-            if code:
+            if code and errors is not None:
+                errors.append(code)
+            elif code:
                 raise OSError(-code, f"nfqueue config refused: {os.strerror(-code)}")
         offset += (length + 3) & ~3
     return ids
@@ -157,9 +165,13 @@ def serve(queue: int, delay_s: float, jitter_s: float, max_len: int, seed: int |
     print("ready", flush=True)
     sock.setblocking(False)
     buffer = bytearray(1 << 16)
+    errors: list[int] = []
+    unsent: int | None = None  # newest due id whose verdict could not be sent yet
     while not stopping:
         due = line.next_due()
         timeout = None if due is None else max(0.0, due - time.monotonic())
+        if unsent is not None:  # retry a verdict the socket refused, soon
+            timeout = 0.001 if timeout is None else min(timeout, 0.001)
         try:
             readable, _, _ = select.select([sock, wake_r], [], [], timeout)
         except InterruptedError:
@@ -175,12 +187,26 @@ def serve(queue: int, delay_s: float, jitter_s: float, max_len: int, seed: int |
                         continue
                     raise
                 now = time.monotonic()
-                for packet_id in packet_ids(memoryview(buffer)[:n].tobytes()):
+                for packet_id in packet_ids(memoryview(buffer)[:n].tobytes(), errors):
                     line.admit(packet_id, now)
+                if errors:
+                    print(f"netlink error replies: {sorted(set(errors))}", flush=True)
+                    errors.clear()
         newest = line.pop_due(time.monotonic())
         if newest is not None:
-            sock.send(verdict_batch(queue, newest))
+            unsent = newest if unsent is None else max(unsent, newest)
+        if unsent is not None:
+            try:
+                sock.send(verdict_batch(queue, unsent))
+                unsent = None
+            except (BlockingIOError, InterruptedError):
+                pass  # a full socket: the next batch verdict covers these ids too
+            except OSError as exc:
+                if exc.errno != errno.ENOBUFS:
+                    raise
     newest = line.drain()
+    if unsent is not None:
+        newest = unsent if newest is None else max(unsent, newest)
     if newest is not None:
         sock.send(verdict_batch(queue, newest))
     sock.setblocking(True)
