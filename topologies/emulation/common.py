@@ -10,6 +10,21 @@ LOSS_TABLE = "pddtb_loss"
 LOSS_MECHANISM = "nftables numgen drop at the receiving end's ingress (after segmentation)"
 
 
+def mechanisms_for(spec: LinkSpec, **by_parameter: str) -> dict[str, str]:
+    """Which mechanism applied each parameter the spec sets (mtu and loss are common)."""
+    applied = {"mtu": "ip link mtu"}
+    if spec.rate_mbit:
+        applied["rate_mbit"] = "tc htb (burst ≈ 1 ms of rate)"
+    if spec.loss_pct:
+        applied["loss_pct"] = LOSS_MECHANISM
+    for parameter, mechanism in by_parameter.items():
+        # The queue limit sits under the rate limiter: it applies only to a shaped link.
+        applies = spec.rate_mbit if parameter == "queue_packets" else getattr(spec, parameter)
+        if applies:
+            applied[parameter] = mechanism
+    return applied
+
+
 def disable_offloads(end: LinkEnd) -> None:
     """Segment before the wire: a drop then hits one packet, not a 64 KB GSO burst."""
     try:

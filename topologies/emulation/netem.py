@@ -18,7 +18,7 @@ from topologies.emulation.base import (
     htb_commands,
     probe_in_scratch_namespace,
 )
-from topologies.emulation.common import LOSS_MECHANISM, apply_loss, disable_offloads
+from topologies.emulation.common import apply_loss, disable_offloads, mechanisms_for
 from topologies.link import LinkSpec
 from topologies.netns import NetworkError, run
 
@@ -55,15 +55,13 @@ class NetemEmulator(LinkEmulator):
                     raise EmulationError(str(exc)) from exc
             if spec.loss_pct:
                 apply_loss(end, spec)
-        mechanisms = {"mtu": "ip link mtu", "queue_packets": "netem limit"}
-        if spec.rate_mbit:
-            mechanisms["rate_mbit"] = "tc htb (burst ≈ 1 ms of rate)"
-        if spec.delay_ms:
-            mechanisms["delay_ms"] = "tc netem delay"
-        if spec.jitter_ms:
-            mechanisms["jitter_ms"] = "tc netem jitter (uniform; netem may reorder)"
-        if spec.loss_pct:
-            mechanisms["loss_pct"] = LOSS_MECHANISM
+        mechanisms = mechanisms_for(
+            spec,
+            queue_packets="netem limit",
+            delay_ms="tc netem delay",
+            jitter_ms="tc netem jitter (uniform; netem may reorder)",
+        )
+        mechanisms["queue_packets"] = "netem limit"  # netem's queue exists even unshaped
         return AppliedLink(
             name=name, backend=self.name, spec=spec.model_dump(), mechanisms=mechanisms
         )

@@ -20,7 +20,7 @@ from topologies.emulation.base import (
     htb_commands,
     probe_in_scratch_namespace,
 )
-from topologies.emulation.common import LOSS_MECHANISM, apply_loss, disable_offloads
+from topologies.emulation.common import apply_loss, disable_offloads, mechanisms_for
 from topologies.link import LinkSpec
 from topologies.netns import NetworkError, run
 
@@ -65,17 +65,12 @@ class UserspaceEmulator(LinkEmulator):
 
     @staticmethod
     def mechanisms(spec: LinkSpec) -> dict[str, str]:
-        m = {"mtu": "ip link mtu"}
-        if spec.rate_mbit:
-            m["rate_mbit"] = "tc htb (burst ≈ 1 ms of rate)"
-            m["queue_packets"] = "tc pfifo limit under htb"
-        if spec.delay_ms:
-            m["delay_ms"] = "NFQUEUE delayd (iptables FORWARD/OUTPUT -o wan)"
-        if spec.jitter_ms:
-            m["jitter_ms"] = "NFQUEUE delayd, uniform ±, no reordering"
-        if spec.loss_pct:
-            m["loss_pct"] = LOSS_MECHANISM
-        return m
+        return mechanisms_for(
+            spec,
+            queue_packets="tc pfifo limit under htb",
+            delay_ms="NFQUEUE delayd (iptables FORWARD/OUTPUT -o wan)",
+            jitter_ms="NFQUEUE delayd, uniform ±, no reordering",
+        )
 
     def _start_delayd(self, end: LinkEnd, spec: LinkSpec, log: Path) -> int:
         for chain in ("FORWARD", "OUTPUT"):
