@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
@@ -32,13 +33,8 @@ def fixed_requests(vocab_size: int, seed: int = 0) -> list[list[int]]:
 
 
 def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    rank = (len(ordered) - 1) * p / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    """Linear-interpolation percentile (numpy's default); NaN for no values."""
+    return float(np.percentile(values, p)) if len(values) else float("nan")
 
 
 def run_quickbench(model_path: Path, port: int, out: Path, console: Console) -> Path:

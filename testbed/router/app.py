@@ -133,6 +133,7 @@ class Router:
         abort_if: asyncio.Task | None = None,
     ) -> web.StreamResponse:
         stream = bool(body.get("stream"))
+        response: web.StreamResponse | None = None
         upstream = await self.session.post(server.url + request.path, json=body)
         try:
             if not stream or upstream.status != 200:
@@ -164,7 +165,7 @@ class Router:
             return response
         except UpstreamError as exc:
             record.status, record.error = "error", str(exc)
-            if stream and "response" in locals() and response.prepared:
+            if response is not None and response.prepared:
                 await response.write(f"data: {json.dumps({'error': str(exc)})}\n\n".encode())
                 await response.write_eof()
                 return response
