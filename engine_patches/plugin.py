@@ -13,7 +13,9 @@ def load() -> None:
     # keeps a plain ``pip install`` (without the .pth) working for late imports.
     install_import_hooks()
     from engine_patches import idle
+    from engine_patches.handoff.register import register as register_handoff
     from engine_patches.kv_transfer.register import register as register_tcp_backend
 
     register_tcp_backend()
     idle.register()
+    register_handoff()

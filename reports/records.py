@@ -34,7 +34,14 @@ class RequestRecord:
     cached_tokens_decode: int | None = None  # prefix decode already held (decode_prefix_len)
     output_tokens: int = 0
     eager_tokens: int = 0  # streamed by relay decode before the handoff
-    handoff_tokens: int = 0
+    handoff_tokens: int = 0  # token ids sent to main decode (all batches)
+    handoff_mode: str | None = None  # one-shot | catch-up | none (relay finished) | failed
+    handoff_batches: int = 0
+    handoff_bytes: int = 0  # handoff frames on the wire (headers included)
+    handoff_s: float | None = None  # last eager token → first main-decode token (client gap)
+    handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
+    fallback: str | None = None  # why relay decode finished a request meant for MD
+    predicted_wan_s: float | None = None  # the routing input: uncached KV / WAN rate
     kv_bytes: int | None = None  # KV payload moved for this request
     kv_wire_bytes: int | None = None
     kv_link: str | None = None  # lan | wan

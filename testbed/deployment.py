@@ -121,7 +121,7 @@ class Deployment:
                     port=cfg.port, max_total_tokens=cfg.max_total_tokens,
                     mem_fraction_static=cfg.mem_fraction_static, bootstrap_port=cfg.bootstrap_port,
                     decode_radix_cache=cfg.decode_radix_cache, extra_args=tuple(cfg.extra_args),
-                    extra_env=server_env(cfg, self.transfer_log(name)),
+                    extra_env=server_env(cfg, self.transfer_log(name), self._handoff_port(role)),
                 )  # fmt: skip
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
                 self.servers.append(RunningServer(name, role, host, self.net.site(host), server))
@@ -140,6 +140,21 @@ class Deployment:
                     f"servers.mem_fraction_static or lower max_total_tokens"
                 )
 
+    def _handoff_port(self, role: str) -> int | None:
+        """Main decode of a pdd deployment listens for token-ID handoffs."""
+        return self.scenario.pdd.handoff_port if role == "main_decode" else None
+
+    def _pdd_config(self):
+        if self.system.policy != "pdd":
+            return None
+        model = self.scenario.model.resolve()
+        return self.scenario.pdd.model_copy(
+            update={
+                "wan_rate_mbit": self.scenario.network.wan.rate_mbit,
+                "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
+            }
+        )
+
     def _start_router(self) -> None:
         cfg = self.scenario.servers
         self.router_host = self.net.hosts_with_role("router")[0]
@@ -156,6 +171,7 @@ class Deployment:
             records=self.records_path,
             host=self.net.address(self.router_host),
             port=cfg.router_port,
+            pdd=self._pdd_config(),
         )
         path = self.run_dir / "router.json"
         path.write_text(config.model_dump_json(indent=2))
@@ -196,11 +212,13 @@ class Deployment:
         (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
 
 
-def server_env(cfg, transfer_log: Path) -> tuple[tuple[str, str], ...]:
+def server_env(cfg, transfer_log: Path, handoff_port: int | None = None):
     env = [
         ("PDD_KV_TRANSFER_LOG", str(transfer_log)),
         ("PDD_KV_IDLE_TIMEOUT_S", str(cfg.kv_idle_timeout_s)),
     ]
+    if handoff_port is not None:
+        env.append(("PDD_HANDOFF_PORT", str(handoff_port)))
     if cfg.threads:
         env.append(("OMP_NUM_THREADS", str(cfg.threads)))
     return tuple(env)

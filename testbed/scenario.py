@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from reports.cost import CostTable
 from reports.sla import SLA
+from testbed.router.config import PddConfig
 from topologies.spec import NetworkSpec
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
@@ -126,6 +127,11 @@ class Scenario(BaseModel):
         description="TTFT and inter-token bounds, attainment.",
     )
     cost: CostSpec = Field(default_factory=CostSpec, description="Cost table for BCR.")
+    pdd: PddConfig = Field(
+        default_factory=PddConfig,
+        description="PDD's routing and handoff knobs (the WAN rate and KV bytes per token "
+        "are taken from the network and the model).",
+    )
     systems: list[str] = Field(
         default_factory=lambda: ["colocated", "same_site_pd", "cross_site_pd"],
         description="Systems to compare (see testbed.systems).",

@@ -40,6 +40,16 @@ SYSTEMS: dict[str, SystemSpec] = {
             (("prefill", "prefill"), ("decode", "main_decode")),
             "prefill in site A, decode in site B over the WAN",
         ),
+        SystemSpec(
+            "pdd",
+            "pdd",
+            (
+                ("prefill", "prefill"),
+                ("relay_decode", "relay_decode"),
+                ("main_decode", "main_decode"),
+            ),  # fmt: skip
+            "prefill and relay decode in site A, main decode in site B; token-ID handoff",
+        ),
     )
 }
 

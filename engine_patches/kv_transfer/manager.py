@@ -4,12 +4,15 @@ Lifecycle (prefill mode): constructed by SGLang with the pool's ``KVArgs`` → s
 listener thread on ``--disaggregation-bootstrap-port`` (in the scheduler process,
 where the KV pool lives) → each accepted connection delivers one
 ``TransferRequest``, parked by room until that room's sender claims it (or expires)
-→ the sender owns the connection from then on. Decode mode runs no thread; each
-receiver opens its own connection.
+→ the sender owns the connection from then on. A dual-path room parks two requests
+(one per destination); a room whose sender gave up waiting for its second
+destination is *closed*, and a request arriving for it later is refused at once.
+Decode mode runs no thread; each receiver opens its own connection.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -46,6 +49,7 @@ class Timeouts:
     bootstrap: float = 300.0  # prefill waits this long for decode's request
     first_data: float = 300.0  # decode waits this long for prefill to compute
     idle: float = 30.0
+    late_leg: float = 10.0  # dual path: how long after the first the second may join
 
     @classmethod
     def from_env(cls) -> Timeouts:
@@ -99,7 +103,8 @@ class TcpKVManager(BaseKVManager):
         self.timeouts = Timeouts.from_env()
         self.log = TransferLog.from_env()
         self.prefill_info_table = _SingleRankPrefills()
-        self._incoming: dict[int, Incoming] = {}
+        self._incoming: dict[int, list[Incoming]] = {}
+        self._closed: dict[int, tuple[str, float]] = {}  # room → (reason, when)
         self._idle: dict[str, list[tuple[socket.socket, float]]] = {}  # decode side pool
         self._lock = threading.Lock()
         if disaggregation_mode == DisaggregationMode.PREFILL:
@@ -124,9 +129,23 @@ class TcpKVManager(BaseKVManager):
 
     # -- prefill side ---------------------------------------------------------------
     def claim(self, room: int) -> Incoming | None:
-        """The parked request for ``room``, if decode has sent it (removes it)."""
+        """A parked request for ``room``, if a decode server has sent one (removes it)."""
         with self._lock:
-            return self._incoming.pop(room, None)
+            parked = self._incoming.get(room)
+            if not parked:
+                return None
+            incoming = parked.pop(0)
+            if not parked:
+                del self._incoming[room]
+            return incoming
+
+    def close_room(self, room: int, reason: str) -> None:
+        """Refuse requests for ``room`` from now on (and any parked one)."""
+        with self._lock:
+            self._closed[room] = (reason, time.monotonic())
+            late = self._incoming.pop(room, [])
+        for incoming in late:
+            _refuse(incoming.conn, room, reason)
 
     def _accept_loop(self) -> None:
         while True:
@@ -191,19 +210,40 @@ class TcpKVManager(BaseKVManager):
             conn.close()
             return
         with self._lock:
-            stale = self._incoming.pop(room, None)
-            self._incoming[room] = Incoming(conn, peer, request, time.monotonic())
-        if stale is not None:
-            stale.conn.close()
+            closed = self._closed.get(room)
+            if closed is None:
+                # A decode server that retried (its pooled connection had died) left
+                # a closed request behind: drop it. Another destination adds one.
+                parked = self._incoming.setdefault(room, [])
+                stale = [i for i in parked if not _still_open(i.conn)]
+                parked[:] = [i for i in parked if i not in stale]
+                parked.append(Incoming(conn, peer, request, time.monotonic()))
+        if closed is not None:
+            _refuse(conn, room, closed[0])
+            return
+        for incoming in stale:
+            incoming.conn.close()
 
     def _expire_parked(self) -> None:
         now = time.monotonic()
         with self._lock:
-            expired = [
-                r for r, i in self._incoming.items() if now - i.arrived > self.timeouts.bootstrap
-            ]
-            for room in expired:
-                self._incoming.pop(room).conn.close()
+            expired = []
+            for room, parked in list(self._incoming.items()):
+                expired += [i for i in parked if now - i.arrived > self.timeouts.bootstrap]
+                parked[:] = [i for i in parked if now - i.arrived <= self.timeouts.bootstrap]
+                if not parked:
+                    del self._incoming[room]
+            for room, (_, when) in list(self._closed.items()):
+                if now - when > self.timeouts.bootstrap:
+                    del self._closed[room]
+        for incoming in expired:
+            incoming.conn.close()
+
+
+def _refuse(conn: socket.socket, room: int, reason: str) -> None:
+    with contextlib.suppress(OSError):
+        send_frame(conn, MsgType.FAILURE, room, reason.encode())
+    conn.close()
 
 
 def _still_open(sock: socket.socket) -> bool:

@@ -1,4 +1,5 @@
-"""Wire messages of the tcp KV transfer backend: typed, explicitly encoded, versioned.
+"""Wire messages of the tcp KV transfer backend (and the token-ID handoff that shares
+its framing): typed, explicitly encoded, versioned.
 
 Every frame is a 20-byte header (magic ``PDKV``, version, type, room, body length)
 followed by its body. Integers are big-endian.
@@ -27,6 +28,12 @@ class MsgType(enum.IntEnum):
     DONE = 4  # prefill → decode: totals, to verify
     ACK = 5  # decode → prefill: all verified and written
     FAILURE = 6  # either way: why the transfer ends
+    # token-ID handoff (router ↔ main decode), see engine_patches.handoff.messages
+    WATCH = 7  # router → MD: tell me when this room's KV is held
+    READY = 8  # MD → router: the prompt's KV is held, the request is parked
+    HANDOFF = 9  # router → MD: token ids relay decode generated
+    EXTENDED = 10  # MD → router: one extend forward over them is done
+    RELEASE = 11  # router → MD: relay decode finished the request; drop it
 
 
 class ProtocolError(ConnectionError):

@@ -1,14 +1,23 @@
-"""Prefill side: one ``TcpKVSender`` per request.
+"""Prefill side: one ``TcpKVSender`` per request, feeding one or two destinations.
 
 Lifecycle (``poll()``)::
 
-    Bootstrapping ──decode's TransferRequest claimed──▶ WaitingForInput
-        │ (none within the bootstrap timeout)              │ init(); send(pages)…
-        ▼                                                  ▼
-      Failed ◀── reset / timeout / abort / bad count ── Transferring ──Ack──▶ Success
+    Bootstrapping ──a decode's TransferRequest claimed──▶ WaitingForInput
+        │ (none within the bootstrap timeout)                 │ init(); send(pages)…
+        ▼                                                     ▼
+      Failed ◀── every leg failed ──────────────────── Transferring ──every leg ended,
+                                                                        one Acked──▶ Success
 
-``send()`` is called on the scheduler thread and only queues; a worker thread reads
-the pages from the pool, frames and checksums them, and writes the socket.
+Each destination is a *leg* with its own connection, worker thread and record. A plain
+room has one leg. A dual-path room (``rooms.is_dual_path``: PDD's relay decode over
+the LAN and main decode over the WAN) has two, fed from the same ``send()`` calls;
+SGLang is asked to offer every page (prefix length 0) and each leg skips the pages
+its own destination already holds. A leg that joins late gets every chunk so far
+replayed; one that has not joined ``late_leg`` seconds after the first gives up, and
+the manager refuses its room from then on. One leg failing (a cut WAN) does not fail
+the request as long as the other succeeds.
+
+``send()`` is called on the scheduler thread and only queues.
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from engine_patches.kv_transfer.messages import (
     recv_frame,
     send_frame,
 )
+from engine_patches.kv_transfer.rooms import legs_expected
 from engine_patches.kv_transfer.transfer_log import TransferRecord
 
 logger = logging.getLogger("pdd.kv_transfer")
@@ -40,6 +50,128 @@ MAX_FRAME_BYTES = 8 << 20  # bounds memory per frame and keeps progress visible
 
 class KVTransferError(RuntimeError):
     """Why a KV transfer failed; SGLang reports it to the client."""
+
+
+class _Leg:
+    """One destination of a transfer: its connection, queue, worker and record."""
+
+    def __init__(self, sender: TcpKVSender, incoming: Incoming) -> None:
+        self.sender = sender
+        self.incoming = incoming
+        self.queue: queue.Queue = queue.Queue()
+        self.state = "pending"  # pending | success | failed
+        self.reason: str | None = None
+        self.released = False  # the connection went back to the manager for reuse
+        self.record: TransferRecord | None = None
+        self.skip = 0  # leading pages of the send stream this destination already holds
+
+    @property
+    def request(self):
+        return self.incoming.request
+
+    def start(self, num_pages: int, sglang_prefix_pages: int) -> None:
+        mgr = self.sender.kv_mgr
+        own_prefix = self.request.decode_prefix_len // mgr.page_size
+        self.skip = own_prefix - sglang_prefix_pages
+        self.record = TransferRecord(
+            room=self.sender.room,
+            side="prefill",
+            peer=self.incoming.peer,
+            start=time.time(),
+            decode_prefix_len=self.request.decode_prefix_len,
+            page_size=mgr.page_size,
+        )
+        wanted = num_pages - self.skip
+        if self.skip < 0 or wanted != len(self.request.dst_pages):
+            self.fail(
+                f"prefill will send {wanted} pages but decode allocated "
+                f"{len(self.request.dst_pages)}"
+            )
+            return
+        threading.Thread(
+            target=self._run, name=f"pdd-kv-send-{self.sender.room}", daemon=True
+        ).start()
+
+    def fail(self, reason: str) -> None:
+        with self.sender._lock:
+            if self.state != "pending":
+                return
+            self.state, self.reason = "failed", reason
+        logger.warning("tcp KV transfer room %d to %s failed: %s", self.sender.room,
+                       self.incoming.peer, reason)  # fmt: skip
+        if not self.released:
+            with contextlib.suppress(OSError):
+                send_frame(self.incoming.conn, MsgType.FAILURE, self.sender.room, reason.encode())
+            self.incoming.conn.close()
+        self._finish_record("failed", reason)
+
+    def _run(self) -> None:
+        conn, mgr, room = self.incoming.conn, self.sender.kv_mgr, self.sender.room
+        conn.settimeout(mgr.timeouts.idle)
+        offered = sent = 0  # pages of the send stream seen / sent to this destination
+        try:
+            while self.state == "pending":
+                try:
+                    pages, last, aux = self.queue.get(timeout=mgr.timeouts.first_data)
+                except queue.Empty:
+                    raise TimeoutError("no KV chunk came from the scheduler") from None
+                keep = pages[max(0, self.skip - offered) :]
+                offered += len(pages)
+                sent = self._send_pages(conn, keep, sent)
+                if not last:
+                    continue
+                if sent != len(self.request.dst_pages):
+                    raise KVTransferError(
+                        f"sent {sent} pages, expected {len(self.request.dst_pages)}"
+                    )
+                if aux is not None:
+                    parts = [t.numpy() for t in aux]
+                    self.record.wire_bytes += send_frame(
+                        conn, MsgType.AUX, room, crc32(parts).to_bytes(4, "big"), *parts
+                    )
+                done = Done(sent, self.record.kv_bytes).encode()
+                self.record.wire_bytes += send_frame(conn, MsgType.DONE, room, done)
+                kind, _, body = recv_frame(conn)
+                if kind == MsgType.FAILURE:
+                    raise KVTransferError(f"decode refused: {body.decode(errors='replace')}")
+                if kind != MsgType.ACK:
+                    raise ProtocolError(f"expected Ack, got {kind.name}")
+                with self.sender._lock:
+                    if self.state != "pending":
+                        return
+                    self.state = "success"
+                self._finish_record("success", None)
+                self.released = True
+                mgr.reuse_connection(conn, self.incoming.peer)
+                return
+        except (OSError, KVTransferError, ProtocolError) as exc:
+            reason = str(exc) or type(exc).__name__
+            if isinstance(exc, TimeoutError):
+                reason = f"transfer to {self.incoming.peer} stalled: {reason}"
+            self.fail(reason)
+
+    def _send_pages(self, conn, pages: np.ndarray, first: int) -> int:
+        pool = self.sender.kv_mgr.pool
+        per_frame = max(1, MAX_FRAME_BYTES // pool.bytes_per_row)
+        for start in range(0, len(pages), per_frame):
+            part = pages[start : start + per_frame]
+            payload = [t.numpy() for t in pool.read(part)]
+            if self.record.first_byte is None:
+                self.record.first_byte = time.time()
+            header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
+            self.record.wire_bytes += send_frame(
+                conn, MsgType.KV_CHUNK, self.sender.room, header, *payload
+            )
+            self.record.kv_bytes += sum(p.nbytes for p in payload)
+            self.record.pages += len(part)
+        return first + len(pages)
+
+    def _finish_record(self, status: str, reason: str | None) -> None:
+        record = self.record
+        if record is None or record.end is not None:
+            return
+        record.end, record.status, record.reason = time.time(), status, reason
+        self.sender.kv_mgr.log.write(record)
 
 
 class TcpKVSender(BaseKVSender):
@@ -52,77 +184,89 @@ class TcpKVSender(BaseKVSender):
     ) -> None:
         self.kv_mgr = mgr
         self.room = bootstrap_room
+        self.expected = legs_expected(bootstrap_room)
         self._state = KVPoll.Bootstrapping
         self._reason: str | None = None
         self._created = time.monotonic()
-        self._incoming: Incoming | None = None
+        self._first_claim: float | None = None
+        self._legs: list[_Leg] = []
         self._num_pages: int | None = None
         self._aux_index: int | None = None
-        self._queue: queue.Queue = queue.Queue()
-        self._worker: threading.Thread | None = None
-        self._record: TransferRecord | None = None
-        self._released = False  # the connection went back to the manager for reuse
+        self._prefix_pages = 0
+        self._sent: list = []  # every queued chunk, replayed to a leg that joins late
         self._lock = threading.Lock()
 
     # -- state ----------------------------------------------------------------------
     def poll(self) -> KVPoll:
+        if self._state in (KVPoll.Success, KVPoll.Failed):
+            return self._state
+        self._claim_legs()
         if self._state == KVPoll.Bootstrapping:
-            self._incoming = self.kv_mgr.claim(self.room)
-            if self._incoming is not None:
+            if self._legs:
                 self._state = KVPoll.WaitingForInput
             elif time.monotonic() - self._created > self.kv_mgr.timeouts.bootstrap:
                 self._fail(
                     f"decode never requested room {self.room} within "
                     f"{self.kv_mgr.timeouts.bootstrap:.0f} s"
                 )
+        elif self._num_pages is not None and len(self._legs) == self.expected:
+            states = {leg.state for leg in self._legs}
+            if "pending" not in states:
+                if "success" in states:
+                    self._state = KVPoll.Success
+                else:
+                    self._fail("; ".join(leg.reason or "failed" for leg in self._legs))
         return self._state
+
+    def _claim_legs(self) -> None:
+        while len(self._legs) < self.expected:
+            incoming = self.kv_mgr.claim(self.room)
+            if incoming is None:
+                break
+            leg = _Leg(self, incoming)
+            with self._lock:  # a leg joining after init() gets what was sent so far
+                for item in self._sent:
+                    leg.queue.put(item)
+                self._legs.append(leg)
+            self._first_claim = self._first_claim or time.monotonic()
+            if self._num_pages is not None:
+                leg.start(self._num_pages, self._prefix_pages)
+        waited = time.monotonic() - (self._first_claim or time.monotonic())
+        if len(self._legs) < self.expected and waited > self.kv_mgr.timeouts.late_leg:
+            reason = (
+                f"room {self.room}: the second destination did not ask within "
+                f"{self.kv_mgr.timeouts.late_leg:.0f} s; sent to the first only"
+            )
+            logger.warning(reason)
+            self.kv_mgr.close_room(self.room, reason)
+            self.expected = len(self._legs)
 
     def poll_pp_consensus(self) -> KVPoll:
         return self.poll()
 
     def _fail(self, reason: str) -> None:
-        with self._lock:
-            if self._state in (KVPoll.Success, KVPoll.Failed):
-                return
-            self._state, self._reason = KVPoll.Failed, reason
+        self._state, self._reason = KVPoll.Failed, reason
         logger.warning("tcp KV transfer room %d failed: %s", self.room, reason)
-        if self._incoming is not None and not self._released:
-            with contextlib.suppress(OSError):
-                send_frame(self._incoming.conn, MsgType.FAILURE, self.room, reason.encode())
-            self._incoming.conn.close()
-        self._finish_record("failed", reason)
+        for leg in self._legs:
+            leg.fail(reason)
 
     def failure_exception(self):
         raise KVTransferError(self._reason or "KV transfer failed")
 
     # -- SGLang's sender surface ----------------------------------------------------
     def pop_decode_prefix_len(self) -> int:
-        return self._incoming.request.decode_prefix_len if self._incoming else 0
+        if self.expected > 1 or not self._legs:
+            return 0  # dual path: offer every page; each leg skips what it has
+        return self._legs[0].request.decode_prefix_len
 
     def init(self, num_kv_indices: int, aux_index: int | None = None) -> None:
-        self._num_pages, self._aux_index = num_kv_indices, aux_index
-        incoming = self._incoming
-        if incoming is None:
+        if not self._legs:
             self._fail("init() before decode's transfer request arrived")
             return
-        if num_kv_indices != len(incoming.request.dst_pages):
-            self._fail(
-                f"prefill will send {num_kv_indices} pages but decode allocated "
-                f"{len(incoming.request.dst_pages)}"
-            )
-            return
-        self._record = TransferRecord(
-            room=self.room,
-            side="prefill",
-            peer=incoming.peer,
-            start=time.time(),
-            decode_prefix_len=incoming.request.decode_prefix_len,
-            page_size=self.kv_mgr.page_size,
-        )
-        self._worker = threading.Thread(
-            target=self._run, name=f"pdd-kv-send-{self.room}", daemon=True
-        )
-        self._worker.start()
+        self._num_pages, self._aux_index = num_kv_indices, aux_index
+        self._prefix_pages = self.pop_decode_prefix_len() // self.kv_mgr.page_size
+        for leg in self._legs:
+            leg.start(num_kv_indices, self._prefix_pages)
 
     def should_send_kv_chunk(self, num_pages: int, last_chunk: bool) -> bool:
         return num_pages > 0 or last_chunk  # the last chunk carries aux and Done
@@ -136,10 +280,15 @@ class TcpKVSender(BaseKVSender):
         if last and self._aux_index is not None:
             # Snapshot now: the metadata row was just written for this request.
             aux = [row.clone() for row in self.kv_mgr.aux.read(np.array([self._aux_index]))]
-        self._queue.put((np.array(kv_indices, dtype=np.int64, copy=True), last, aux))
+        item = (np.array(kv_indices, dtype=np.int64, copy=True), last, aux)
+        with self._lock:
+            self._sent.append(item)
+            legs = list(self._legs)
+        for leg in legs:
+            leg.queue.put(item)
 
     def get_transfer_metric(self) -> KVTransferMetric:
-        r = self._record
+        r = self._legs[0].record if self._legs else None
         if r is None or r.end is None:
             return KVTransferMetric()
         return KVTransferMetric(transfer_latency_s=r.end - r.start, transfer_total_bytes=r.kv_bytes)
@@ -148,68 +297,6 @@ class TcpKVSender(BaseKVSender):
         self._fail("aborted on the prefill server")
 
     def clear(self) -> None:
-        if self._incoming is not None and not self._released:
-            self._incoming.conn.close()
-
-    # -- worker -----------------------------------------------------------------------
-    def _run(self) -> None:
-        conn = self._incoming.conn
-        conn.settimeout(self.kv_mgr.timeouts.idle)
-        sent = 0
-        try:
-            while self._state != KVPoll.Failed:
-                try:
-                    pages, last, aux = self._queue.get(timeout=self.kv_mgr.timeouts.first_data)
-                except queue.Empty:
-                    raise TimeoutError("no KV chunk came from the scheduler") from None
-                self._state = KVPoll.Transferring
-                sent = self._send_pages(conn, pages, sent)
-                if last:
-                    if sent != self._num_pages:
-                        raise KVTransferError(f"sent {sent} pages, expected {self._num_pages}")
-                    if aux is not None:
-                        parts = [t.numpy() for t in aux]
-                        self._record.wire_bytes += send_frame(
-                            conn, MsgType.AUX, self.room, crc32(parts).to_bytes(4, "big"), *parts
-                        )
-                    done = Done(sent, self._record.kv_bytes).encode()
-                    self._record.wire_bytes += send_frame(conn, MsgType.DONE, self.room, done)
-                    kind, _, body = recv_frame(conn)
-                    if kind == MsgType.FAILURE:
-                        raise KVTransferError(f"decode refused: {body.decode(errors='replace')}")
-                    if kind != MsgType.ACK:
-                        raise ProtocolError(f"expected Ack, got {kind.name}")
-                    with self._lock:
-                        if self._state != KVPoll.Failed:
-                            self._state = KVPoll.Success
-                    self._finish_record("success", None)
-                    self._released = True
-                    self.kv_mgr.reuse_connection(conn, self._incoming.peer)
-                    return
-        except (OSError, KVTransferError, ProtocolError) as exc:
-            reason = str(exc) or type(exc).__name__
-            if isinstance(exc, TimeoutError):
-                reason = f"transfer to {self._incoming.peer} stalled: {reason}"
-            self._fail(reason)
-
-    def _send_pages(self, conn, pages: np.ndarray, first: int) -> int:
-        per_frame = max(1, MAX_FRAME_BYTES // self.kv_mgr.pool.bytes_per_row)
-        for start in range(0, len(pages), per_frame):
-            part = pages[start : start + per_frame]
-            payload = [t.numpy() for t in self.kv_mgr.pool.read(part)]
-            if self._record.first_byte is None:
-                self._record.first_byte = time.time()
-            header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
-            self._record.wire_bytes += send_frame(
-                conn, MsgType.KV_CHUNK, self.room, header, *payload
-            )
-            self._record.kv_bytes += sum(p.nbytes for p in payload)
-            self._record.pages += len(part)
-        return first + len(pages)
-
-    def _finish_record(self, status: str, reason: str | None) -> None:
-        record = self._record
-        if record is None or record.end is not None:
-            return
-        record.end, record.status, record.reason = time.time(), status, reason
-        self.kv_mgr.log.write(record)
+        for leg in self._legs:
+            if not leg.released:
+                leg.incoming.conn.close()

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 import uuid
 
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
+from engine_patches.kv_transfer.rooms import new_room
 from reports.records import RecordWriter, RequestRecord
 from testbed.router.config import RouterConfig, ServerEntry
-from testbed.router.policies import Loads, Route, make_policy
+from testbed.router.pdd import AfterRequest, serve_relayed
+from testbed.router.policies import P_RLD_MD, Loads, Route, make_policy
 from testbed.router.transfers import TransferIndex
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -34,6 +35,7 @@ class Router:
         logs = [s.transfer_log for s in config.servers if s.transfer_log]
         self.transfers = TransferIndex(logs)
         self.session: ClientSession | None = None
+        self.after = AfterRequest(self) if config.policy == "pdd" else None
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 << 20)
@@ -69,14 +71,17 @@ class Router:
             session_id=request.headers.get(SESSION_HEADER),
             turn=int(request.headers[TURN_HEADER]) if TURN_HEADER in request.headers else None,
         )  # fmt: skip
+        if self.after is not None:
+            await self.after.before(record.session_id)
         try:
-            route = self.policy.choose(body, self.loads)
+            route = self.policy.choose(body, self.loads, record.session_id)
         except LookupError as exc:
             return web.json_response({"error": str(exc)}, status=503)
         record.pipeline, record.pipeline_reason = route.pipeline, route.reason
+        record.predicted_wan_s = route.predicted_wan_s
         record.decode_server = route.stream_from.name
         record.prefill_server = route.prefill.name if route.prefill else None
-        busy = [s.name for s in (route.prefill, route.stream_from) if s]
+        busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
         for name in busy:
             self.loads.in_flight[name] += 1
         try:
@@ -92,12 +97,16 @@ class Router:
                 self.loads.in_flight[name] -= 1
             record.finish = record.finish or time.time()
             await self._join_transfer(route, record)
+            if self.after is not None:
+                self.after.after(route, body, record)
             self.records.write(record)
 
     async def _serve(self, request, body, route: Route, record: RequestRecord):
         if route.prefill is None:
             return await self._relay(request, route.stream_from, body, record)
-        room = random.getrandbits(63)
+        if route.pipeline == P_RLD_MD:
+            return await serve_relayed(self, request, body, route, record)
+        room = new_room()
         record.room = room
         pd_body = {
             **body,
@@ -161,6 +170,7 @@ class Router:
                 if counter.done is False:
                     record.status, record.error = "error", "client disconnected mid-stream"
             record.output_tokens = counter.tokens
+            record.output_ids = counter.ids
             record.finish = time.time()
             return response
         except UpstreamError as exc:
@@ -176,8 +186,13 @@ class Router:
     async def _join_transfer(self, route: Route, record: RequestRecord) -> None:
         if record.room is None:
             return
+        # The KV that matters is the one to the server that decodes to the end (for
+        # P->RLD->MD: main decode, over the WAN, even if relay decode finished it).
+        server = route.main_decode or route.stream_from
+        if server.transfer_log is None:
+            return
         transfer = await self.transfers.lookup(
-            record.room, wait_s=0.5 if record.status == "ok" else 0.1
+            record.room, server.transfer_log, wait_s=0.5 if record.status == "ok" else 0.1
         )
         if transfer is None:
             return
@@ -185,8 +200,10 @@ class Router:
         record.cached_tokens_decode = transfer["decode_prefix_len"]
         if transfer["end"] and transfer.get("first_byte"):
             record.kv_transfer_s = transfer["end"] - transfer["first_byte"]
-        record.kv_link = "lan" if route.prefill.site == route.stream_from.site else "wan"
-        if transfer["status"] != "success" and record.status == "ok":
+        record.kv_link = "lan" if route.prefill.site == server.site else "wan"
+        if transfer["status"] != "success" and record.fallback:
+            record.fallback = f"{record.fallback}; KV transfer: {transfer['reason']}"[:500]
+        elif transfer["status"] != "success" and record.status == "ok":
             record.status, record.error = "error", f"KV transfer failed: {transfer['reason']}"
 
 
@@ -238,6 +255,7 @@ class TokenCounter:
     def __init__(self, path: str) -> None:
         self.native = path == "/generate"
         self.tokens = 0
+        self.ids: list[int] = []  # native only
         self.done = False  # saw [DONE] or a finish reason
 
     def feed(self, line: bytes, record: RequestRecord) -> int:
@@ -261,6 +279,9 @@ class TokenCounter:
                 record.cached_tokens_prefill = meta["cached_tokens"]  # colocated: one server
             self.done = self.done or bool(meta.get("finish_reason"))
             new, self.tokens = max(0, total - self.tokens), max(total, self.tokens)
+            ids = chunk.get("output_ids") or []
+            if new and len(ids) >= new:
+                self.ids += list(ids[-new:])
             return new
         usage = chunk.get("usage")
         if usage:
@@ -293,6 +314,7 @@ def _record_final(record: RequestRecord, text: str, status: int) -> None:
     if "meta_info" in data:
         meta = data["meta_info"]
         record.output_tokens = int(meta.get("completion_tokens", 0))
+        record.output_ids = list(data.get("output_ids") or [])
         record.prompt_tokens = meta.get("prompt_tokens")
         if record.prefill_server is None:
             record.cached_tokens_prefill = meta.get("cached_tokens")

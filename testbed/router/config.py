@@ -21,6 +21,40 @@ class ServerEntry(BaseModel):
     transfer_log: Path | None = Field(None, description="The server's KV transfer log.")
 
 
+class PddConfig(BaseModel):
+    """PDD's routing and handoff knobs (``pdd:`` in a scenario)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    handoff_port: int = Field(8997, description="Main decode's handoff listener port.")
+    wan_rate_mbit: float = Field(100.0, gt=0, description="WAN rate the router plans with.")
+    kv_bytes_per_token: int = Field(8192, gt=0, description="KV bytes per token (the model's).")
+    direct_wan_bound_s: float = Field(
+        0.1, ge=0, description="Predicted WAN transfer time up to which a request goes P->MD."
+    )
+    catch_up_threshold: int = Field(
+        64, ge=1, description="More pending eager tokens than this: catch-up handoff."
+    )
+    catch_up_done: int = Field(
+        8, ge=0, description="Catch-up ends with a final handoff once this few are pending."
+    )
+    rld_busy_requests: int = Field(
+        4, ge=1, description="Relay decode this loaded (in flight) is released at once."
+    )
+    min_remaining_tokens: int = Field(
+        2, ge=1, description="Fewer output tokens left than this: relay decode finishes."
+    )
+    anomalous_min_input: int = Field(
+        2048, ge=1, description="Anomalous traffic: at least this many input tokens..."
+    )
+    anomalous_max_output: int = Field(
+        16, ge=0, description="...and at most this many output tokens: finished on RLD."
+    )
+    align_prefill_cache: bool = Field(
+        True, description="After a request ends on MD, P caches the exchange too (DRC alignment)."
+    )
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -31,6 +65,7 @@ class RouterConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     upstream_timeout_s: float = 600.0
+    pdd: PddConfig | None = None
 
     def with_role(self, *roles: str) -> list[ServerEntry]:
         return [s for s in self.servers if s.role in roles]

@@ -12,7 +12,7 @@ class TransferIndex:
 
     def __init__(self, paths: list[Path]) -> None:
         self._offsets = {Path(p): 0 for p in paths}
-        self._by_room: dict[int, dict] = {}
+        self._by_room: dict[tuple[Path, int], dict] = {}
 
     def _refresh(self) -> None:
         for path, offset in self._offsets.items():
@@ -27,15 +27,17 @@ class TransferIndex:
             for line in complete.splitlines():
                 rec = json.loads(line)
                 if rec.get("side") == "decode":
-                    self._by_room[rec["room"]] = rec
+                    self._by_room[(path, rec["room"])] = rec
 
-    async def lookup(self, room: int, wait_s: float = 1.0) -> dict | None:
-        """The decode side's record for ``room``; waits briefly for it to be written."""
+    async def lookup(self, room: int, log: Path, wait_s: float = 1.0) -> dict | None:
+        """The decode side's record for ``room`` in ``log`` (a dual-path room has one
+        per destination); waits briefly for it to be written."""
         deadline = asyncio.get_running_loop().time() + wait_s
+        key = (Path(log), room)
         while True:
             self._refresh()
-            if room in self._by_room:
-                return self._by_room.pop(room)
+            if key in self._by_room:
+                return self._by_room.pop(key)
             if asyncio.get_running_loop().time() >= deadline:
                 return None
             await asyncio.sleep(0.05)

@@ -1,0 +1,259 @@
+"""The main-decode side of the handoff: parked requests and the extend forward.
+
+Lifecycle of one PDD request on MD (its rid starts with ``PARK_PREFIX``)::
+
+    PD decode request ─KV transfer succeeds─▶ parked (not in any batch; KV held)
+      parked ─HANDOFF(t2..tk)─▶ one EXTEND forward over t1..t(k-1) ─▶ parked
+             (catch-up: repeated per batch while relay decode keeps decoding)
+      parked ─HANDOFF(final)─▶ extend ─▶ waiting queue ─▶ SGLang's PREBUILT merge:
+             the request decodes from tk on, like any transferred request
+      parked ─RELEASE / abort / park timeout─▶ finished as aborted, KV freed
+
+Everything here runs on the scheduler thread (from the hooks in ``register``), so it
+touches SGLang's pools and batches safely; the listener thread only queues frames.
+Only one thing needs SGLang's internals: ``extend_parked`` builds a one-request
+EXTEND batch over the KV already in the request's row, the way a later chunk of a
+chunked prefill is built, runs it, and puts the request's bookkeeping back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from engine_patches.handoff.messages import Extended, Handoff, Ready
+from engine_patches.kv_transfer.messages import (
+    MsgType,
+    ProtocolError,
+    configure_socket,
+    recv_frame,
+    send_frame,
+)
+
+logger = logging.getLogger("pdd.handoff")
+PARK_PREFIX = "pdd-md-"  # the router names MD's request of a relayed pipeline so
+PORT_ENV = "PDD_HANDOFF_PORT"
+PARK_TIMEOUT_ENV = "PDD_HANDOFF_PARK_TIMEOUT_S"
+LOG_ENV = "PDD_KV_TRANSFER_LOG"  # handoff records join the server's transfer log
+
+
+def md_rid(room: int) -> str:
+    return f"{PARK_PREFIX}{room}"
+
+
+@dataclass
+class Parked:
+    req: object  # sglang Req
+    since: float
+    extend_forwards: int = 0
+    watcher: socket.socket | None = None
+
+
+class HandoffService:
+    """One per decode scheduler: the listener, the parked requests, the commands."""
+
+    def __init__(self, scheduler, port: int) -> None:
+        self.scheduler = scheduler
+        self.parked: dict[int, Parked] = {}
+        self.watchers: dict[int, socket.socket] = {}  # WATCH came before the KV
+        self.early: dict[int, list] = {}  # HANDOFFs that came before the KV (applied in order)
+        self.commands: queue.Queue = queue.Queue()
+        self.park_timeout = float(os.environ.get(PARK_TIMEOUT_ENV, "120"))
+        self.log_path = os.environ.get(LOG_ENV)
+        host = getattr(scheduler.server_args, "host", "0.0.0.0")
+        self.listener = socket.create_server((host, port), backlog=128)
+        threading.Thread(target=self._accept, name="pdd-handoff-accept", daemon=True).start()
+        logger.info("handoff: main decode listening on %s:%d", host, port)
+
+    # -- listener thread ----------------------------------------------------------------
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            configure_socket(conn, 30.0)
+            threading.Thread(target=self._read, args=(conn,), daemon=True).start()
+
+    def _read(self, conn: socket.socket) -> None:
+        rooms: set[int] = set()
+        try:
+            while True:
+                kind, room, body = recv_frame(conn)
+                rooms.add(room)
+                self.commands.put((conn, kind, room, bytes(body)))
+        except (OSError, ProtocolError):
+            # The router went away: its rooms' parked requests are of no use now.
+            for room in rooms:
+                self.commands.put((None, MsgType.RELEASE, room, b"router closed the connection"))
+            conn.close()
+
+    # -- scheduler thread ---------------------------------------------------------------
+    def park(self, reqs: list) -> list:
+        """From the transferred requests, keep PDD ones aside; return the others."""
+        out = []
+        for req in reqs:
+            if not str(req.rid).startswith(PARK_PREFIX) or req.bootstrap_room is None:
+                out.append(req)
+                continue
+            room = req.bootstrap_room
+            parked = Parked(req, time.monotonic(), watcher=self.watchers.pop(room, None))
+            self.parked[room] = parked
+            if parked.watcher is not None:
+                self._ready(room, parked)
+            for command in self.early.pop(room, []):
+                self.commands.put(command)
+        return out
+
+    def tick(self) -> None:
+        while True:
+            try:
+                conn, kind, room, body = self.commands.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                self._command(conn, kind, room, body)
+            except Exception:  # one bad command must not take the scheduler down
+                logger.exception("handoff: %s for room %d failed", kind.name, room)
+                self._finish(room, "handoff failed on main decode")
+        now = time.monotonic()
+        for room, p in list(self.parked.items()):
+            if now - p.since > self.park_timeout:
+                self._finish(room, f"no handoff within {self.park_timeout:.0f} s")
+
+    def abort(self, rid: str | None, abort_all: bool = False) -> None:
+        for room, p in list(self.parked.items()):
+            if abort_all or p.req.rid == rid:
+                self._finish(room, "aborted")
+
+    def _command(self, conn, kind: MsgType, room: int, body: bytes) -> None:
+        parked = self.parked.get(room)
+        if kind == MsgType.WATCH:
+            if parked is None:
+                self.watchers[room] = conn
+            else:
+                parked.watcher = conn
+                self._ready(room, parked)
+        elif kind == MsgType.HANDOFF:
+            if parked is None:  # the KV is still on its way: apply once it is held
+                self.early.setdefault(room, []).append((conn, kind, room, body))
+                return
+            self._handoff(conn, room, parked, Handoff.decode(body), len(body) + 20)
+        elif kind == MsgType.RELEASE:
+            self.watchers.pop(room, None)
+            self.early.pop(room, None)
+            if parked is not None:
+                self._finish(room, body.decode(errors="replace") or "released by the router")
+        else:
+            raise ProtocolError(f"unexpected {kind.name} on the handoff port")
+
+    def _ready(self, room: int, parked: Parked) -> None:
+        req = parked.req
+        ready = Ready(len(req.origin_input_ids), int(req.kv.cache_protected_len or 0))
+        _reply(parked.watcher, MsgType.READY, room, ready.encode())
+
+    def _handoff(self, conn, room: int, parked: Parked, msg: Handoff, frame_bytes: int) -> None:
+        start = time.monotonic()
+        next_token, extended = extend_parked(self.scheduler, parked.req, list(msg.tokens))
+        forward_s = time.monotonic() - start
+        parked.extend_forwards += extended > 0
+        parked.since = time.monotonic()
+        if msg.final:
+            del self.parked[room]
+            self.scheduler.waiting_queue.append(parked.req)
+        reply = Extended(len(msg.tokens), extended, next_token, forward_s, msg.final)
+        _reply(conn, MsgType.EXTENDED, room, reply.encode())
+        self._log(
+            room=room, tokens=len(msg.tokens), extend_tokens=extended, frame_bytes=frame_bytes,
+            forward_s=forward_s, next_token=next_token,
+            expected_next=int(parked.req.output_ids[-1]), final=msg.final,
+            extend_forwards=parked.extend_forwards,
+        )  # fmt: skip
+
+    def _finish(self, room: int, reason: str) -> None:
+        """End a parked request as aborted; SGLang's normal path frees its KV."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        parked = self.parked.pop(room, None)
+        if parked is None:
+            return
+        parked.req.to_finish = FINISH_ABORT(f"PDD handoff: {reason}")
+        self.scheduler.waiting_queue.append(parked.req)
+
+    def _log(self, **fields) -> None:
+        if not self.log_path:
+            return
+        line = json.dumps({"side": "handoff", "time": time.time(), **fields})
+        with open(self.log_path, "a") as f:
+            f.write(line + "\n")
+
+
+def _reply(conn: socket.socket | None, kind: MsgType, room: int, body: bytes) -> None:
+    if conn is None:
+        return
+    try:
+        send_frame(conn, kind, room, body)
+    except OSError as exc:
+        logger.warning("handoff: reply %s for room %d lost: %s", kind.name, room, exc)
+
+
+def extend_parked(scheduler, req, new_tokens: list[int]) -> tuple[int, int]:
+    """Append ``new_tokens`` to a parked request and compute the KV of every output
+    token but the last in one EXTEND forward. Returns (the forward's next token, -1 if
+    no forward ran; how many tokens it computed)."""
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    req.output_ids.extend(new_tokens)
+    committed = req.kv.kv_committed_len
+    target = len(req.origin_input_ids) + len(req.output_ids) - 1  # the last is pending
+    if target <= committed:
+        return -1, 0
+    saved = {
+        name: getattr(req, name)
+        for name in (
+            "prefix_len", "extend_end", "cached_tokens", "cached_tokens_device",
+            "cached_tokens_host", "cached_tokens_storage", "already_computed",
+            "_cache_breakdown_computed", "return_logprob",
+        )
+    }  # fmt: skip
+    try:
+        req.prefix_len = committed  # the row already holds KV up to here
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+        req.extend_end = target
+        req.return_logprob = False
+        batch = ScheduleBatch.init_new(
+            [req],
+            scheduler.req_to_token_pool,
+            scheduler.token_to_kv_pool_allocator,
+            scheduler.tree_cache,
+            scheduler.model_config,
+            scheduler.enable_overlap,
+            scheduler.spec_algorithm,
+        )
+        batch.prepare_for_extend()
+        result = scheduler.run_batch(batch)
+        next_token = int(result.next_token_ids.reshape(-1)[-1])
+    finally:
+        for name, value in saved.items():
+            setattr(req, name, value)
+    return next_token, target - committed
+
+
+_services: dict[int, HandoffService] = {}
+
+
+def service_for(scheduler) -> HandoffService | None:
+    """The scheduler's handoff service, started on first use (decode mode only)."""
+    port = os.environ.get(PORT_ENV)
+    if not port:
+        return None
+    service = _services.get(id(scheduler))
+    if service is None:
+        service = _services[id(scheduler)] = HandoffService(scheduler, int(port))
+    return service

@@ -1,0 +1,368 @@
+"""PDD's relayed pipeline (P->RLD->MD) in the router, and what follows each request.
+
+One request's walk (``serve_relayed``)::
+
+    open handoff channel to MD ─ WATCH(room) ──────────────────────┐
+    POST prefill (dual-path room) ─ KV to RLD (LAN) and MD (WAN)    │
+    POST RLD (stream) ─ eager tokens t1.. go to the client at once  │
+    POST MD  (rid pdd-md-room) ─ parked on MD once its KV is held ─ READY
+    on READY, per RLD token:  pending <= catch_up_threshold or RLD busy → one-shot
+                              else catch-up batches (RLD keeps decoding) until few pend
+    final HANDOFF(t..tk) → RLD's stream is closed (SGLang aborts it) → MD's stream,
+    whose first k tokens echo t1..tk (checked, not re-sent), continues from t(k+1)
+
+If MD never holds the KV (a cut WAN, MD down) RLD simply finishes the request and
+the record says why (``fallback``). The client sees one stream either way.
+
+After a request that ended on MD, ``after_request`` tells the MD prefix mirror what
+MD now caches and, with ``align_prefill_cache``, has P cache the same exchange (a
+prefill with SGLang's fake transfer: nothing is sent), so P's and MD's hit ratios stay
+aligned over a session. A session's next request waits for that to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+from aiohttp import web
+
+from engine_patches.handoff.md import md_rid
+from engine_patches.handoff.messages import Extended, Handoff, Ready
+from engine_patches.kv_transfer.messages import HEADER, MAGIC, MsgType
+from engine_patches.kv_transfer.rooms import new_room
+from reports.records import RequestRecord
+from testbed.router.policies import P_MD, P_RLD_MD, Route, max_new_tokens
+
+logger = logging.getLogger("pdd.router")
+FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
+HANDOFF_AT_HEADER, HANDOFF_MODE_HEADER = "x-pdd-handoff-at", "x-pdd-handoff-mode"
+
+
+def _held(ready: asyncio.Task) -> bool:
+    return ready.done() and not ready.cancelled() and ready.exception() is None
+
+
+class HandoffError(RuntimeError):
+    pass
+
+
+class HandoffChannel:
+    """The router's connection to MD's handoff listener, for one room."""
+
+    def __init__(self, host: str, port: int, room: int) -> None:
+        self.host, self.port, self.room = host, port, room
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.bytes_sent = 0
+
+    async def watch(self) -> Ready:
+        """Connect, WATCH, and wait until MD holds the prompt's KV."""
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        await self._send(MsgType.WATCH, b"")
+        return Ready.decode(await self._expect(MsgType.READY))
+
+    async def handoff(self, tokens: list[int], final: bool) -> int:
+        """Send one handoff batch; returns its bytes on the wire."""
+        sent = await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
+        return sent
+
+    async def extended(self) -> Extended:
+        return Extended.decode(await self._expect(MsgType.EXTENDED))
+
+    async def _send(self, kind: MsgType, body: bytes) -> int:
+        frame = HEADER.pack(MAGIC, 1, kind, 0, self.room, len(body)) + body
+        self.writer.write(frame)
+        await self.writer.drain()
+        self.bytes_sent += len(frame)
+        return len(frame)
+
+    async def _expect(self, kind: MsgType) -> bytes:
+        head = await self.reader.readexactly(HEADER.size)
+        magic, _, got, _, _, length = HEADER.unpack(head)
+        body = await self.reader.readexactly(length)
+        if magic != MAGIC or got != kind:
+            raise HandoffError(f"expected {kind.name} from main decode, got type {got}")
+        return body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Chunk:
+    """One native /generate SSE line, parsed."""
+
+    def __init__(self, line: bytes) -> None:
+        self.line = line
+        self.data: dict | None = None
+        text = line.decode(errors="replace").strip()
+        if text.startswith("data:") and text[5:].strip() != "[DONE]":
+            try:
+                self.data = json.loads(text[5:])
+            except json.JSONDecodeError:
+                self.data = None
+        self.done = text.startswith("data:") and text[5:].strip() == "[DONE]"
+
+    @property
+    def error(self) -> str | None:
+        return str(self.data["error"])[:500] if self.data and "error" in self.data else None
+
+    def new_ids(self, have: int) -> list[int]:
+        """Output ids beyond the first ``have`` (cumulative or incremental chunks)."""
+        if not self.data:
+            return []
+        total = int(self.data.get("meta_info", {}).get("completion_tokens", 0))
+        ids = self.data.get("output_ids") or []
+        fresh = total - have
+        return list(ids[-fresh:]) if fresh > 0 else []
+
+    def echoed(self) -> list[int] | None:
+        ids = (self.data or {}).get("output_ids")
+        total = int((self.data or {}).get("meta_info", {}).get("completion_tokens", 0))
+        return list(ids) if ids is not None and len(ids) == total else None
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.data and self.data.get("meta_info", {}).get("finish_reason"))
+
+
+async def serve_relayed(router, request, body: dict, route: Route, record: RequestRecord):
+    """P->RLD->MD for one request; returns the client's response."""
+    from testbed.router.app import UpstreamError, _lines
+
+    pdd, path = router.config.pdd, request.path
+    prefill, rld, md = route.prefill, route.stream_from, route.main_decode
+    room = new_room(dual_path=True)
+    record.room = room
+    pd_body = {**body, "stream": True, "bootstrap_host": prefill.host,
+               "bootstrap_port": prefill.bootstrap_port, "bootstrap_room": room}  # fmt: skip
+    channel = HandoffChannel(md.host, pdd.handoff_port, room)
+    ready = asyncio.create_task(channel.watch())
+    prefill_task = asyncio.create_task(router._prefill(prefill, path, pd_body, record))
+    md_body = {**pd_body, "rid": md_rid(room)}
+    md_task = asyncio.create_task(router.session.post(md.url + path, json=md_body))
+    rld_resp = md_resp = None
+    out = ClientStream(request, bool(body.get("stream")), record)
+    tokens: list[int] = []
+    try:
+        rld_resp = await router.session.post(rld.url + path, json=pd_body)
+        if rld_resp.status != 200:
+            text = (await rld_resp.text())[:300]
+            raise UpstreamError(f"relay decode answered {rld_resp.status}: {text}")
+        handed, batches, mode, inflight = 0, 0, None, None
+        # Experiments and tests pin the handoff: exactly at this many eager tokens
+        # (sent even before MD holds the KV; MD applies it once it does), in this mode.
+        forced_at = int(request.headers.get(HANDOFF_AT_HEADER, 0)) or None
+        forced_mode = request.headers.get(HANDOFF_MODE_HEADER)
+        limit = max_new_tokens(body)
+        takeover = False
+        async for line in _lines(rld_resp, prefill_task):
+            chunk = Chunk(line)
+            if chunk.error:
+                raise UpstreamError(f"relay decode: {chunk.error}")
+            new = chunk.new_ids(len(tokens))
+            tokens += new
+            await out.emit(chunk, len(new))
+            if chunk.finished or chunk.done:
+                break
+            if forced_at is None and not _held(ready):
+                continue  # hand off only once MD holds the KV
+            if inflight is not None:
+                if not inflight.done() and (forced_at is None or len(tokens) < forced_at):
+                    continue
+                try:
+                    await inflight
+                except (OSError, asyncio.IncompleteReadError, HandoffError) as exc:
+                    record.fallback = f"catch-up handoff failed: {exc!r}"[:300]
+                    break  # MD failed mid catch-up: relay decode goes on to the end
+                inflight = None
+            pending = len(tokens) - 1 - handed  # eager tokens MD lacks (t1 came from P)
+            if forced_at is None and limit - len(tokens) < pdd.min_remaining_tokens:
+                continue  # relay decode is about to finish anyway
+            busy = router.loads.in_flight[rld.name] > pdd.rld_busy_requests
+            if mode is None:
+                catch_up = (
+                    (forced_mode == "catch-up")
+                    if forced_mode
+                    else (pending > pdd.catch_up_threshold and not busy)
+                )
+                mode = "catch-up" if catch_up else "one-shot"
+            final = (
+                len(tokens) >= forced_at
+                if forced_at
+                else (mode == "one-shot" or pending <= pdd.catch_up_done or busy)
+            )
+            if not final and (mode == "one-shot" or pending == 0 or not _held(ready)):
+                continue  # catch-up batches need MD holding the KV (their acks share the channel)
+            batch = tokens[1 + handed :]
+            handed += len(batch)
+            batches += 1
+            record.handoff_bytes += await channel.handoff(batch, final=final)
+            if final:
+                takeover = True
+                break
+            inflight = asyncio.create_task(channel.extended())
+        if record.fallback:
+            takeover = False
+            async for line in _lines(rld_resp, prefill_task):  # relay decode finishes it
+                chunk = Chunk(line)
+                if chunk.error:
+                    raise UpstreamError(f"relay decode: {chunk.error}")
+                new = chunk.new_ids(len(tokens))
+                tokens += new
+                await out.emit(chunk, len(new))
+        record.eager_tokens = len(tokens)
+        record.handoff_tokens, record.handoff_batches = handed, batches
+        if not takeover:
+            record.handoff_mode = "none"
+            if record.fallback or not _held(ready):
+                record.handoff_mode = "failed"
+                record.fallback = record.fallback or await _why_md_missed(ready, md_task)
+            await out.finish()
+            return out.response
+        record.handoff_mode = mode
+        record.pipeline = P_RLD_MD
+        rld_resp.close()  # SGLang aborts relay decode's request
+        rld_resp = None
+        eager_end = time.time()
+        md_resp = await md_task
+        if md_resp.status != 200:
+            text = (await md_resp.text())[:300]
+            raise UpstreamError(f"main decode answered {md_resp.status}: {text}")
+        k = len(tokens)
+        async for line in _lines(md_resp, None):
+            chunk = Chunk(line)
+            if chunk.error:
+                raise UpstreamError(f"main decode: {chunk.error}")
+            echoed = chunk.echoed()
+            if echoed is not None and len(echoed) >= k and echoed[:k] != tokens[:k]:
+                record.handoff_mismatch = True
+            new = chunk.new_ids(len(tokens))
+            if new and record.handoff_s is None:
+                record.handoff_s = time.time() - eager_end
+            tokens += new
+            if new or chunk.finished or chunk.done:
+                await out.emit(chunk, len(new))
+        record.decode_server = md.name
+        await out.finish()
+        return out.response
+    except UpstreamError as exc:
+        return await out.fail(str(exc))
+    finally:
+        record.output_ids = tokens
+        for task in (ready, prefill_task, md_task):
+            if not task.done():
+                task.cancel()
+        channel.close()
+        for resp in (rld_resp, md_resp):
+            if resp is not None:
+                resp.close()
+        if md_task.done() and not md_task.cancelled() and md_task.exception() is None:
+            md_task.result().close()
+
+
+async def _why_md_missed(ready: asyncio.Task, md_task: asyncio.Task) -> str:
+    if ready.done() and not ready.cancelled() and ready.exception() is not None:
+        return f"handoff channel to main decode failed: {ready.exception()!r}"[:300]
+    if md_task.done() and md_task.exception() is None:
+        resp = md_task.result()
+        try:
+            text = await asyncio.wait_for(resp.content.read(2000), 0.5)
+            if b"error" in text or resp.status != 200:
+                return f"main decode: {text.decode(errors='replace')[:300]}"
+        except (TimeoutError, OSError):
+            pass
+    return "main decode did not hold the KV before relay decode finished"
+
+
+class ClientStream:
+    """What the client gets: SSE lines as they come, or one JSON body at the end."""
+
+    def __init__(self, request, stream: bool, record: RequestRecord) -> None:
+        self.request, self.stream, self.record = request, stream, record
+        self.response: web.StreamResponse | None = None
+        self.last: dict | None = None
+
+    async def emit(self, chunk: Chunk, new_tokens: int) -> None:
+        now = time.time()
+        if new_tokens:
+            self.record.token_times.extend([now] * new_tokens)
+            self.record.first_token = self.record.first_token or now
+            self.record.output_tokens += new_tokens
+        if chunk.data is not None:
+            self.last = chunk.data
+            meta = chunk.data.get("meta_info", {})
+            self.record.prompt_tokens = meta.get("prompt_tokens", self.record.prompt_tokens)
+        if not self.stream:
+            return
+        if self.response is None:
+            self.response = web.StreamResponse(
+                status=200, headers={"Content-Type": "text/event-stream"}
+            )
+            await self.response.prepare(self.request)
+        if not chunk.done:
+            await self.response.write(chunk.line)
+
+    async def finish(self) -> None:
+        self.record.finish = time.time()
+        if self.stream:
+            if self.response is None:
+                self.response = web.StreamResponse(status=200)
+                await self.response.prepare(self.request)
+            await self.response.write(b"data: [DONE]\n\n")
+            await self.response.write_eof()
+        else:
+            self.response = web.json_response(self.last or {})
+
+    async def fail(self, message: str) -> web.StreamResponse:
+        self.record.status, self.record.error = "error", message[:500]
+        if self.response is not None and self.response.prepared:
+            await self.response.write(f"data: {json.dumps({'error': message})}\n\n".encode())
+            await self.response.write_eof()
+            return self.response
+        return web.json_response({"error": message}, status=502)
+
+
+class AfterRequest:
+    """DRC alignment and the MD prefix mirror, after each request of a pdd router."""
+
+    def __init__(self, router) -> None:
+        self.router = router
+        self.pending: dict[str, asyncio.Task] = {}  # session → P's caching of its exchange
+
+    async def before(self, session: str | None) -> None:
+        task = self.pending.pop(session, None) if session else None
+        if task is not None:
+            try:
+                await asyncio.wait_for(task, 30)
+            except Exception as exc:  # alignment is an optimisation; never fail a request
+                logger.warning("aligning P's cache for session %s: %r", session, exc)
+
+    def after(self, route: Route, body: dict, record: RequestRecord) -> None:
+        prompt = body.get("input_ids")
+        ids = getattr(record, "output_ids", None)
+        ended_on_md = record.status == "ok" and (
+            route.pipeline == P_MD or record.handoff_mode in ("one-shot", "catch-up")
+        )
+        if not ended_on_md or not isinstance(prompt, list) or not ids:
+            return
+        exchange = list(prompt) + list(ids)
+        policy = self.router.policy
+        policy.mirror.add(exchange[:-1], record.session_id)  # the last token has no KV
+        if self.router.config.pdd.align_prefill_cache:
+            task = asyncio.create_task(self._cache_on_prefill(route, exchange))
+            if record.session_id:
+                self.pending[record.session_id] = task
+
+    async def _cache_on_prefill(self, route: Route, exchange: list[int]) -> None:
+        body = {
+            "input_ids": exchange,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "bootstrap_host": FAKE_BOOTSTRAP_HOST,
+            "bootstrap_room": new_room(),
+        }
+        async with self.router.session.post(route.prefill.url + "/generate", json=body) as r:
+            await r.read()

@@ -1,0 +1,155 @@
+"""The PDD pipeline on real SGLang servers over the emulated two-site network.
+
+Prefill and relay decode in site A, main decode in site B (100 Mbit/s WAN, 5 ms one
+way); a colocated server is the greedy reference every stream must equal.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+
+import httpx
+import pytest
+
+from engine_patches.handoff.messages import Handoff
+from reports.records import read_records
+from testbed.deployment import Deployment
+from testbed.router.config import PddConfig
+from testbed.scenario import Scenario, ServersSpec
+from tests.conftest import reference_output
+from topologies.link import LinkSpec
+from topologies.spec import NetworkSpec
+from workloads.client import generate_payload, iter_new_tokens
+
+pytestmark = [pytest.mark.sglang, pytest.mark.netns]
+
+
+@pytest.fixture(scope="module")
+def pdd(tmp_path_factory):
+    scenario = Scenario(
+        name="test_pdd",
+        network=NetworkSpec(wan=LinkSpec(rate_mbit=100, delay_ms=5, queue_packets=2000)),
+        servers=ServersSpec(kv_idle_timeout_s=5, max_total_tokens=60000),
+        pdd=PddConfig(direct_wan_bound_s=0.05, anomalous_min_input=1500, anomalous_max_output=4),
+        systems=["pdd"],
+    )
+    deployment = Deployment(scenario, "pdd", tmp_path_factory.mktemp("pdd"), "tpdd")
+    deployment.up()
+    try:
+        yield deployment
+    finally:
+        deployment.down()
+
+
+def stream(pdd: Deployment, prompt, new_tokens, session, turn=0, headers=None) -> list[int]:
+    ids = []
+    hdrs = {"x-session-id": session, "x-turn": str(turn), **(headers or {})}
+    payload = generate_payload(prompt, new_tokens, True)
+    with httpx.stream("POST", f"{pdd.router_url}/generate", json=payload, headers=hdrs,
+                      timeout=300) as r:  # fmt: skip
+        assert r.status_code == 200
+        for new, _ in iter_new_tokens(r.iter_lines()):
+            ids += new
+    return ids
+
+
+def record_of(pdd: Deployment, session: str, turn: int = 0):
+    time.sleep(0.3)
+    records = read_records(pdd.records_path)
+    return [r for r in records if r.session_id == session and r.turn == turn][-1]
+
+
+def handoff_log(pdd: Deployment) -> list[dict]:
+    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
+    path = pdd.transfer_log(md.name)
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(x) for x in lines if '"side": "handoff"' in x]
+
+
+@pytest.mark.parametrize("mode", ["one-shot", "catch-up"])
+@pytest.mark.parametrize("size", [1, 63, 64, 65, 200])
+def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
+    rng = random.Random(size * 7 + len(mode))
+    prompt = [rng.randrange(10, 4000) for _ in range(400)]
+    new_tokens = size + 24
+    session = f"exact-{mode}-{size}"
+    before = len(handoff_log(pdd))
+    pin = {"x-pdd-handoff-at": str(size + 1), "x-pdd-handoff-mode": mode}
+    got = stream(pdd, prompt, new_tokens, session, headers=pin)
+    assert got == reference_output(colocated, prompt, new_tokens)
+    rec = record_of(pdd, session)
+    assert rec.pipeline == "P->RLD->MD" and rec.handoff_mode == mode
+    assert rec.eager_tokens == size + 1 and rec.handoff_tokens == size
+    assert rec.decode_server.startswith("main_decode") and not rec.handoff_mismatch
+    batches = handoff_log(pdd)[before:]
+    assert len(batches) == rec.handoff_batches
+    for b in batches:  # ≤ 4 bytes per token + a fixed header, one forward per batch
+        assert b["frame_bytes"] == Handoff.wire_bytes(b["tokens"]) <= 4 * b["tokens"] + 21
+        assert b["extend_tokens"] == b["tokens"] and b["next_token"] == b["expected_next"]
+    assert batches[-1]["extend_forwards"] == len(batches)
+    assert sum(b["tokens"] for b in batches) == size
+
+
+def test_ten_turn_session_keeps_md_and_p_hits_aligned(pdd):
+    rng = random.Random(3)
+    history = [rng.randrange(10, 4000) for _ in range(600)]
+    for turn in range(10):
+        out = stream(pdd, history, 12, "aligned", turn)
+        rec = record_of(pdd, "aligned", turn)
+        if turn:
+            assert rec.cached_tokens_decode is not None and rec.cached_tokens_prefill is not None
+            assert abs(rec.cached_tokens_decode - rec.cached_tokens_prefill) <= 1, rec
+        history = history + out + [rng.randrange(10, 4000) for _ in range(rng.randint(20, 200))]
+
+
+def test_routing_follows_the_bound_and_anomalous_requests_stay_off_the_wan(pdd, colocated):
+    rng = random.Random(5)
+    big = [rng.randrange(10, 4000) for _ in range(1800)]
+    wan_before = wan_tx_bytes(pdd)
+    out = stream(pdd, big, 4, "anomalous")
+    wan_sent = wan_tx_bytes(pdd) - wan_before
+    rec = record_of(pdd, "anomalous")
+    assert rec.pipeline == "RLD-only" and out == reference_output(colocated, big, 4)
+    assert rec.kv_link == "lan" and wan_sent < 20_000  # no KV (1800 x 8 KB) crossed
+
+    small = [rng.randrange(10, 4000) for _ in range(40)]  # 40 x 8 KB: 26 ms at 100 Mbit/s
+    stream(pdd, small, 8, "small")
+    assert record_of(pdd, "small").pipeline == "P->MD"
+    large = [rng.randrange(10, 4000) for _ in range(200)]  # 131 ms > 50 ms
+    stream(pdd, large, 8, "large")
+    rec = record_of(pdd, "large")
+    assert rec.pipeline == "P->RLD->MD" and rec.predicted_wan_s > 0.05
+
+
+def wan_tx_bytes(pdd: Deployment) -> int:
+    return int(pdd.net.run("gwA", ["cat", "/sys/class/net/eth1/statistics/tx_bytes"]).stdout)
+
+
+def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
+    rng = random.Random(9)
+    prompt = [rng.randrange(10, 4000) for _ in range(3000)]  # 24 MB of KV: ~2 s on the WAN
+    result = {}
+
+    def run():
+        result["ids"] = stream(pdd, prompt, 40, "cut")
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(1.0)
+    pdd.net.cut_wan()
+    try:
+        thread.join(120)
+    finally:
+        pdd.net.restore_wan()
+    assert not thread.is_alive()
+    assert result["ids"] == reference_output(colocated, prompt, 40)
+    rec = record_of(pdd, "cut")
+    assert rec.status == "ok" and rec.handoff_mode == "failed" and rec.fallback
+    assert rec.eager_tokens == 40
+    time.sleep(6)  # the cut connections time out (kv_idle_timeout_s=5)
+    fresh = [rng.randrange(10, 4000) for _ in range(300)]
+    assert stream(pdd, fresh, 30, "after-cut") == reference_output(colocated, fresh, 30)
+    assert record_of(pdd, "after-cut").decode_server.startswith("main_decode")
