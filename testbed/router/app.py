@@ -76,6 +76,8 @@ class Router:
         try:
             route = self.policy.choose(body, self.loads, record.session_id)
         except LookupError as exc:
+            if self.after is not None:
+                self.after.after(None, body, record)
             return web.json_response({"error": str(exc)}, status=503)
         record.pipeline, record.pipeline_reason = route.pipeline, route.reason
         record.predicted_wan_s = route.predicted_wan_s

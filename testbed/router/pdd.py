@@ -39,6 +39,7 @@ from testbed.router.policies import P_MD, P_RLD_MD, Route, max_new_tokens
 logger = logging.getLogger("pdd.router")
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
 HANDOFF_AT_HEADER, HANDOFF_MODE_HEADER = "x-pdd-handoff-at", "x-pdd-handoff-mode"
+RLD_FIRST = "relay decode finished first"
 
 
 def _held(ready: asyncio.Task) -> bool:
@@ -218,9 +219,10 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
         record.handoff_tokens, record.handoff_batches = handed, batches
         if not takeover:
             record.handoff_mode = "none"
-            if record.fallback or not _held(ready):
+            if not record.fallback and not _held(ready):
+                record.fallback = await _why_md_missed(ready, md_task)
+            if record.fallback and not record.fallback.startswith(RLD_FIRST):
                 record.handoff_mode = "failed"
-                record.fallback = record.fallback or await _why_md_missed(ready, md_task)
             await out.finish()
             return out.response
         record.handoff_mode = mode
@@ -275,7 +277,7 @@ async def _why_md_missed(ready: asyncio.Task, md_task: asyncio.Task) -> str:
                 return f"main decode: {text.decode(errors='replace')[:300]}"
         except (TimeoutError, OSError):
             pass
-    return "main decode did not hold the KV before relay decode finished"
+    return f"{RLD_FIRST} (main decode did not hold the KV yet)"
 
 
 class ClientStream:
@@ -331,31 +333,44 @@ class AfterRequest:
 
     def __init__(self, router) -> None:
         self.router = router
-        self.pending: dict[str, asyncio.Task] = {}  # session → P's caching of its exchange
+        # session → done once P caches the session's last exchange (set when the
+        # request starts, so a next turn sent the moment the stream ends still waits)
+        self.pending: dict[str, asyncio.Future] = {}
 
     async def before(self, session: str | None) -> None:
-        task = self.pending.pop(session, None) if session else None
-        if task is not None:
+        if not session:
+            return
+        previous = self.pending.get(session)
+        self.pending[session] = asyncio.get_running_loop().create_future()
+        if previous is not None:
             try:
-                await asyncio.wait_for(task, 30)
+                await asyncio.wait_for(asyncio.shield(previous), 30)
             except Exception as exc:  # alignment is an optimisation; never fail a request
                 logger.warning("aligning P's cache for session %s: %r", session, exc)
 
-    def after(self, route: Route, body: dict, record: RequestRecord) -> None:
+    def after(self, route: Route | None, body: dict, record: RequestRecord) -> None:
+        done = self.pending.get(record.session_id) if record.session_id else None
+        task = self._after(route, body, record) if route is not None else None
+        if done is None or done.done():
+            return
+        if task is None:
+            done.set_result(None)
+        else:
+            task.add_done_callback(lambda _: done.done() or done.set_result(None))
+
+    def _after(self, route: Route, body: dict, record: RequestRecord) -> asyncio.Task | None:
         prompt = body.get("input_ids")
         ids = getattr(record, "output_ids", None)
         ended_on_md = record.status == "ok" and (
             route.pipeline == P_MD or record.handoff_mode in ("one-shot", "catch-up")
         )
         if not ended_on_md or not isinstance(prompt, list) or not ids:
-            return
+            return None
         exchange = list(prompt) + list(ids)
-        policy = self.router.policy
-        policy.mirror.add(exchange[:-1], record.session_id)  # the last token has no KV
-        if self.router.config.pdd.align_prefill_cache:
-            task = asyncio.create_task(self._cache_on_prefill(route, exchange))
-            if record.session_id:
-                self.pending[record.session_id] = task
+        self.router.policy.mirror.add(exchange[:-1], record.session_id)  # last: no KV
+        if not self.router.config.pdd.align_prefill_cache:
+            return None
+        return asyncio.create_task(self._cache_on_prefill(route, exchange))
 
     async def _cache_on_prefill(self, route: Route, exchange: list[int]) -> None:
         body = {

