@@ -1,0 +1,36 @@
+"""The handoff's wire format, dual-path rooms, and the SGLang names its hooks target."""
+
+from __future__ import annotations
+
+import importlib
+
+from engine_patches.handoff.messages import Extended, Handoff, Ready
+from engine_patches.handoff.register import TARGETS
+from engine_patches.kv_transfer.messages import HEADER
+from engine_patches.kv_transfer.rooms import is_dual_path, legs_expected, new_room
+
+
+def test_a_handoff_frame_is_four_bytes_per_token_plus_a_fixed_header():
+    tokens = tuple(range(4000, 4100))
+    body = Handoff(tokens, final=True).encode()
+    assert HEADER.size + len(body) == Handoff.wire_bytes(100) == 20 + 1 + 400
+    back = Handoff.decode(body)
+    assert back.tokens == tokens and back.final
+    assert Handoff.decode(Handoff((), False).encode()) == Handoff((), False)
+    assert Ready.decode(Ready(812, 800).encode()) == Ready(812, 800)
+    ext = Extended.decode(Extended(63, 63, 1234, 0.25, True).encode())
+    assert (ext.tokens, ext.extend_tokens, ext.next_token, ext.final) == (63, 63, 1234, True)
+
+
+def test_dual_path_rooms_expect_two_destinations():
+    plain, dual = new_room(), new_room(dual_path=True)
+    assert not is_dual_path(plain) and legs_expected(plain) == 1
+    assert is_dual_path(dual) and legs_expected(dual) == 2
+    assert plain > 0 and dual < 2**63  # fits SGLang's signed 64-bit room
+
+
+def test_handoff_hook_targets_exist():
+    """An SGLang upgrade that renames what the handoff hooks must fail here."""
+    for target in TARGETS:
+        module, cls, attr = target.rsplit(".", 2)
+        assert callable(getattr(getattr(importlib.import_module(module), cls), attr)), target

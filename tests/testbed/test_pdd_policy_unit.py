@@ -1,0 +1,50 @@
+"""PDD's routing decisions from their inputs alone (no servers): the bound on the
+predicted WAN time, the MD prefix mirror, and the anomalous-traffic filter."""
+
+from __future__ import annotations
+
+from testbed.router.config import PddConfig, RouterConfig, ServerEntry
+from testbed.router.policies import P_MD, P_RLD_MD, RLD_ONLY, Loads, PddPolicy
+
+
+def policy(**pdd) -> PddPolicy:
+    servers = [
+        ServerEntry(name=n, url=f"http://{n}:1", role=r, host=n, site=s)
+        for n, r, s in (("p", "prefill", "A"), ("rld", "relay_decode", "A"),
+                        ("md", "main_decode", "B"))
+    ]  # fmt: skip
+    pdd_config = PddConfig(wan_rate_mbit=100, kv_bytes_per_token=8192, **pdd)
+    config = RouterConfig(
+        system="pdd", policy="pdd", servers=servers, records="/dev/null", pdd=pdd_config
+    )
+    return PddPolicy(config)
+
+
+def body(n_in: int, n_out: int = 64, start: int = 0) -> dict:
+    return {"input_ids": list(range(start, start + n_in)),
+            "sampling_params": {"max_new_tokens": n_out}}  # fmt: skip
+
+
+def test_routing_follows_the_predicted_wan_time_on_both_sides_of_the_bound():
+    p = policy(direct_wan_bound_s=0.1)  # 0.1 s at 100 Mbit/s = 152 tokens of 8 KB
+    below, above = p.choose(body(152), Loads()), p.choose(body(153), Loads())
+    assert below.pipeline == P_MD and below.stream_from.name == "md"
+    assert above.pipeline == P_RLD_MD and above.main_decode.name == "md"
+    assert above.stream_from.name == "rld" and above.predicted_wan_s > 0.1
+
+
+def test_the_mirror_of_mds_cache_makes_a_long_follow_up_turn_cheap():
+    p = policy(direct_wan_bound_s=0.1)
+    first = body(2000)
+    assert p.choose(first, Loads(), "s").pipeline == P_RLD_MD
+    p.mirror.add(first["input_ids"] + [7] * 50, "s")  # MD cached the exchange
+    follow = {**first, "input_ids": first["input_ids"] + [7] * 50 + [9] * 100}
+    route = p.choose(follow, Loads(), "s")
+    assert route.pipeline == P_MD and "100 uncached" in route.reason
+
+
+def test_anomalous_requests_are_finished_on_relay_decode():
+    p = policy(anomalous_min_input=1000, anomalous_max_output=8)
+    assert p.choose(body(1000, 8), Loads()).pipeline == RLD_ONLY
+    assert p.choose(body(1000, 9), Loads()).pipeline == P_RLD_MD
+    assert p.choose(body(999, 8), Loads()).pipeline == P_RLD_MD
