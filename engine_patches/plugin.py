@@ -12,10 +12,11 @@ def load() -> None:
     # Already installed by the .pth in a venv set up by make setup; idempotent, and
     # keeps a plain ``pip install`` (without the .pth) working for late imports.
     install_import_hooks()
-    from engine_patches import idle
+    from engine_patches import drc_align, idle
     from engine_patches.handoff.register import register as register_handoff
     from engine_patches.kv_transfer.register import register as register_tcp_backend
 
     register_tcp_backend()
     idle.register()
     register_handoff()
+    drc_align.register()

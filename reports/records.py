@@ -33,6 +33,7 @@ class RequestRecord:
     cached_tokens_prefill: int | None = None  # prefix hit on P (or the colocated server)
     cached_tokens_decode: int | None = None  # prefix decode already held (decode_prefix_len)
     output_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)  # native /generate only
     eager_tokens: int = 0  # streamed by relay decode before the handoff
     handoff_tokens: int = 0  # token ids sent to main decode (all batches)
     handoff_mode: str | None = None  # one-shot | catch-up | none (relay finished) | failed

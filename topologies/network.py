@@ -180,6 +180,11 @@ class Network:
         for ns, _ in self._wan_ends():
             run(["nft", "delete", "table", "inet", CUT_TABLE], ns=ns, check=False)
 
+    def wan_tx_bytes(self) -> int:
+        """Bytes site A's gateway has sent onto the WAN (site A → site B)."""
+        ns, intf = self._wan_ends()[0]
+        return int(run(["cat", f"/sys/class/net/{intf}/statistics/tx_bytes"], ns=ns).stdout)
+
     def set_wan_rate(self, rate_mbit: float) -> None:
         """Change the WAN's htb rate in place (both directions)."""
         if not self.spec.wan.rate_mbit:

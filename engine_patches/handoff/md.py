@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from engine_patches.handoff.messages import Extended, Handoff, Ready
 from engine_patches.kv_transfer.messages import (
+    HEADER,
     MsgType,
     ProtocolError,
     configure_socket,
@@ -144,7 +145,7 @@ class HandoffService:
             if parked is None:  # the KV is still on its way: apply once it is held
                 self.early.setdefault(room, []).append((conn, kind, room, body))
                 return
-            self._handoff(conn, room, parked, Handoff.decode(body), len(body) + 20)
+            self._handoff(conn, room, parked, Handoff.decode(body), HEADER.size + len(body))
         elif kind == MsgType.RELEASE:
             self.watchers.pop(room, None)
             self.early.pop(room, None)
@@ -245,15 +246,14 @@ def extend_parked(scheduler, req, new_tokens: list[int]) -> tuple[int, int]:
     return next_token, target - committed
 
 
-_services: dict[int, HandoffService] = {}
+PORT = os.environ.get(PORT_ENV)  # read once: the plugin loads in each server process
 
 
 def service_for(scheduler) -> HandoffService | None:
-    """The scheduler's handoff service, started on first use (decode mode only)."""
-    port = os.environ.get(PORT_ENV)
-    if not port:
+    """The scheduler's handoff service, started on its first loop iteration."""
+    if not PORT:
         return None
-    service = _services.get(id(scheduler))
+    service = getattr(scheduler, "pdd_handoff", None)
     if service is None:
-        service = _services[id(scheduler)] = HandoffService(scheduler, int(port))
+        service = scheduler.pdd_handoff = HandoffService(scheduler, int(PORT))
     return service

@@ -29,6 +29,7 @@ import time
 
 from aiohttp import web
 
+from engine_patches.drc_align import ALIGN_PREFIX
 from engine_patches.handoff.md import md_rid
 from engine_patches.handoff.messages import Extended, Handoff, Ready
 from engine_patches.kv_transfer.messages import HEADER, MAGIC, MsgType
@@ -67,8 +68,7 @@ class HandoffChannel:
 
     async def handoff(self, tokens: list[int], final: bool) -> int:
         """Send one handoff batch; returns its bytes on the wire."""
-        sent = await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
-        return sent
+        return await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
 
     async def extended(self) -> Extended:
         return Extended.decode(await self._expect(MsgType.EXTENDED))
@@ -145,7 +145,7 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
     prefill_task = asyncio.create_task(router._prefill(prefill, path, pd_body, record))
     md_body = {**pd_body, "rid": md_rid(room)}
     md_task = asyncio.create_task(router.session.post(md.url + path, json=md_body))
-    rld_resp = md_resp = None
+    rld_resp = None
     out = ClientStream(request, bool(body.get("stream")), record)
     tokens: list[int] = []
     try:
@@ -169,6 +169,8 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
             await out.emit(chunk, len(new))
             if chunk.finished or chunk.done:
                 break
+            if record.fallback:
+                continue  # MD failed mid catch-up: relay decode goes on to the end
             if forced_at is None and not _held(ready):
                 continue  # hand off only once MD holds the KV
             if inflight is not None:
@@ -178,7 +180,7 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
                     await inflight
                 except (OSError, asyncio.IncompleteReadError, HandoffError) as exc:
                     record.fallback = f"catch-up handoff failed: {exc!r}"[:300]
-                    break  # MD failed mid catch-up: relay decode goes on to the end
+                    continue
                 inflight = None
             pending = len(tokens) - 1 - handed  # eager tokens MD lacks (t1 came from P)
             if forced_at is None and limit - len(tokens) < pdd.min_remaining_tokens:
@@ -206,15 +208,6 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
                 takeover = True
                 break
             inflight = asyncio.create_task(channel.extended())
-        if record.fallback:
-            takeover = False
-            async for line in _lines(rld_resp, prefill_task):  # relay decode finishes it
-                chunk = Chunk(line)
-                if chunk.error:
-                    raise UpstreamError(f"relay decode: {chunk.error}")
-                new = chunk.new_ids(len(tokens))
-                tokens += new
-                await out.emit(chunk, len(new))
         record.eager_tokens = len(tokens)
         record.handoff_tokens, record.handoff_batches = handed, batches
         if not takeover:
@@ -259,11 +252,10 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
             if not task.done():
                 task.cancel()
         channel.close()
-        for resp in (rld_resp, md_resp):
-            if resp is not None:
-                resp.close()
+        if rld_resp is not None:
+            rld_resp.close()
         if md_task.done() and not md_task.cancelled() and md_task.exception() is None:
-            md_task.result().close()
+            md_task.result().close()  # md_resp, or MD's unread stream if RLD finished
 
 
 async def _why_md_missed(ready: asyncio.Task, md_task: asyncio.Task) -> str:
@@ -373,11 +365,13 @@ class AfterRequest:
         return asyncio.create_task(self._cache_on_prefill(route, exchange))
 
     async def _cache_on_prefill(self, route: Route, exchange: list[int]) -> None:
+        room = new_room()
         body = {
+            "rid": f"{ALIGN_PREFIX}{room}",  # P inserts it into its prefix cache
             "input_ids": exchange,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "bootstrap_host": FAKE_BOOTSTRAP_HOST,
-            "bootstrap_room": new_room(),
+            "bootstrap_room": room,
         }
         async with self.router.session.post(route.prefill.url + "/generate", json=body) as r:
             await r.read()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from engine_patches import drc_align
 from engine_patches.handoff.messages import Extended, Handoff, Ready
 from engine_patches.handoff.register import TARGETS
 from engine_patches.kv_transfer.messages import HEADER
@@ -29,8 +30,11 @@ def test_dual_path_rooms_expect_two_destinations():
     assert plain > 0 and dual < 2**63  # fits SGLang's signed 64-bit room
 
 
-def test_handoff_hook_targets_exist():
+def test_handoff_and_alignment_hook_targets_exist():
     """An SGLang upgrade that renames what the handoff hooks must fail here."""
-    for target in TARGETS:
+    from sglang.srt.managers.schedule_batch import Req
+
+    assert "skip_radix_cache_insert" in Req.__init__.__code__.co_names  # what drc_align clears
+    for target in (*TARGETS, drc_align.TARGET):
         module, cls, attr = target.rsplit(".", 2)
         assert callable(getattr(getattr(importlib.import_module(module), cls), attr)), target

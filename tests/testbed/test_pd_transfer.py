@@ -37,17 +37,8 @@ def pd(tmp_path_factory):
         servers=ServersSpec(kv_idle_timeout_s=5, max_total_tokens=60000),
         systems=["cross_site_pd"],
     )
-    deployment = Deployment(scenario, "cross_site_pd", tmp_path_factory.mktemp("pd"), "tpd")
-    deployment.up()
-    try:
+    with Deployment(scenario, "cross_site_pd", tmp_path_factory.mktemp("pd"), "tpd") as deployment:
         yield deployment
-    finally:
-        deployment.down()
-
-
-def wan_tx_bytes(pd: Deployment) -> int:
-    """Bytes gateway A has sent onto the WAN (site A → site B)."""
-    return int(pd.net.run("gwA", ["cat", "/sys/class/net/eth1/statistics/tx_bytes"]).stdout)
 
 
 def generate(pd: Deployment, prompt: list[int], session: str, turn: int, timeout=300) -> dict:
@@ -71,9 +62,9 @@ def test_multi_turn_session_is_token_exact_and_moves_only_missing_kv(pd, colocat
     prompt = [rng.randrange(10, 4000) for _ in range(1500)]
     moved = []
     for turn in range(3):
-        before = wan_tx_bytes(pd)
+        before = pd.net.wan_tx_bytes()
         out = generate(pd, prompt, "s-exact", turn)["output_ids"]
-        wire = wan_tx_bytes(pd) - before
+        wire = pd.net.wan_tx_bytes() - before
         assert out == reference_output(colocated, prompt, NEW_TOKENS), f"turn {turn}"
 
         rec = last_record(pd, "s-exact")
@@ -120,11 +111,11 @@ def test_wan_cut_mid_transfer_fails_clearly_then_servers_recover(pd, colocated):
         )
         result.update(status=r.status_code, text=r.text, elapsed=time.monotonic() - t0)
 
-    before = wan_tx_bytes(pd)
+    before = pd.net.wan_tx_bytes()
     worker = threading.Thread(target=request)
     worker.start()
     deadline = time.monotonic() + 60
-    while wan_tx_bytes(pd) - before < 4_000_000 and time.monotonic() < deadline:
+    while pd.net.wan_tx_bytes() - before < 4_000_000 and time.monotonic() < deadline:
         time.sleep(0.05)  # wait until KV is flowing
     pd.net.cut_wan()
     cut_at = time.monotonic()

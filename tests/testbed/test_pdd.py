@@ -36,12 +36,8 @@ def pdd(tmp_path_factory):
         pdd=PddConfig(direct_wan_bound_s=0.05, anomalous_min_input=1500, anomalous_max_output=4),
         systems=["pdd"],
     )
-    deployment = Deployment(scenario, "pdd", tmp_path_factory.mktemp("pdd"), "tpdd")
-    deployment.up()
-    try:
+    with Deployment(scenario, "pdd", tmp_path_factory.mktemp("pdd"), "tpdd") as deployment:
         yield deployment
-    finally:
-        deployment.down()
 
 
 def stream(pdd: Deployment, prompt, new_tokens, session, turn=0, headers=None) -> list[int]:
@@ -93,13 +89,6 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     assert sum(b["tokens"] for b in batches) == size
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="P-side alignment is not working yet: the router has P cache each exchange "
-    "with SGLang's fake transfer, and SGLang 0.5.23's prefill does not insert a "
-    "fake-transfer request into its radix cache, so P's hit lags MD's by the last "
-    "output (open in issue 5)",
-)
 def test_ten_turn_session_keeps_md_and_p_hits_aligned(pdd):
     rng = random.Random(3)
     history = [rng.randrange(10, 4000) for _ in range(600)]
@@ -115,9 +104,9 @@ def test_ten_turn_session_keeps_md_and_p_hits_aligned(pdd):
 def test_routing_follows_the_bound_and_anomalous_requests_stay_off_the_wan(pdd, colocated):
     rng = random.Random(5)
     big = [rng.randrange(10, 4000) for _ in range(1800)]
-    wan_before = wan_tx_bytes(pdd)
+    wan_before = pdd.net.wan_tx_bytes()
     out = stream(pdd, big, 4, "anomalous")
-    wan_sent = wan_tx_bytes(pdd) - wan_before
+    wan_sent = pdd.net.wan_tx_bytes() - wan_before
     rec = record_of(pdd, "anomalous")
     assert rec.pipeline == "RLD-only" and out == reference_output(colocated, big, 4)
     assert rec.kv_link == "lan" and wan_sent < 20_000  # no KV (1800 x 8 KB) crossed
@@ -129,10 +118,6 @@ def test_routing_follows_the_bound_and_anomalous_requests_stay_off_the_wan(pdd, 
     stream(pdd, large, 8, "large")
     rec = record_of(pdd, "large")
     assert rec.pipeline == "P->RLD->MD" and rec.predicted_wan_s > 0.05
-
-
-def wan_tx_bytes(pdd: Deployment) -> int:
-    return int(pdd.net.run("gwA", ["cat", "/sys/class/net/eth1/statistics/tx_bytes"]).stdout)
 
 
 def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
