@@ -54,12 +54,18 @@ class StreamError(RuntimeError):
     """The server reported an error inside the stream."""
 
 
-def iter_new_tokens(lines):
-    """Parse SGLang's ``/generate`` SSE lines (str); yield (new output ids, meta_info).
+def new_output_ids(chunk: dict, have: int) -> list[int]:
+    """The output ids of a ``/generate`` chunk beyond the first ``have``.
 
     Chunks carry cumulative ids by default, only the new ones with SGLang's
     --incremental-streaming-output; ``completion_tokens`` says how many are new.
     """
+    fresh = int(chunk.get("meta_info", {}).get("completion_tokens", 0)) - have
+    return list(chunk.get("output_ids") or [])[-fresh:] if fresh > 0 else []
+
+
+def iter_new_tokens(lines):
+    """Parse SGLang's ``/generate`` SSE lines (str); yield (new output ids, meta_info)."""
     seen = 0
     for line in lines:
         if not line or not line.startswith("data:"):
@@ -70,11 +76,9 @@ def iter_new_tokens(lines):
         chunk = json.loads(data)
         if "error" in chunk:
             raise StreamError(str(chunk["error"])[:500])
-        meta = chunk.get("meta_info", {})
-        fresh = int(meta.get("completion_tokens", 0)) - seen
-        new = chunk["output_ids"][-fresh:] if fresh > 0 else []
+        new = new_output_ids(chunk, seen)
         seen += len(new)
-        yield new, meta
+        yield new, chunk.get("meta_info", {})
 
 
 def stream_generate(

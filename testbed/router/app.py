@@ -21,6 +21,7 @@ from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.pdd import AfterRequest, serve_relayed
 from testbed.router.policies import P_RLD_MD, Loads, Route, make_policy
 from testbed.router.transfers import TransferIndex
+from workloads.client import new_output_ids
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 SESSION_HEADER, TURN_HEADER, REQUEST_HEADER = "x-session-id", "x-turn", "x-request-id"
@@ -281,9 +282,7 @@ class TokenCounter:
                 record.cached_tokens_prefill = meta["cached_tokens"]  # colocated: one server
             self.done = self.done or bool(meta.get("finish_reason"))
             new, self.tokens = max(0, total - self.tokens), max(total, self.tokens)
-            ids = chunk.get("output_ids") or []
-            if new and len(ids) >= new:
-                self.ids += list(ids[-new:])
+            self.ids += new_output_ids(chunk, len(self.ids))
             return new
         usage = chunk.get("usage")
         if usage:

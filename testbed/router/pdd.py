@@ -36,6 +36,7 @@ from engine_patches.kv_transfer.messages import HEADER, MAGIC, MsgType
 from engine_patches.kv_transfer.rooms import new_room
 from reports.records import RequestRecord
 from testbed.router.policies import P_MD, P_RLD_MD, Route, max_new_tokens
+from workloads.client import new_output_ids
 
 logger = logging.getLogger("pdd.router")
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
@@ -113,12 +114,7 @@ class Chunk:
 
     def new_ids(self, have: int) -> list[int]:
         """Output ids beyond the first ``have`` (cumulative or incremental chunks)."""
-        if not self.data:
-            return []
-        total = int(self.data.get("meta_info", {}).get("completion_tokens", 0))
-        ids = self.data.get("output_ids") or []
-        fresh = total - have
-        return list(ids[-fresh:]) if fresh > 0 else []
+        return new_output_ids(self.data, have) if self.data else []
 
     def echoed(self) -> list[int] | None:
         ids = (self.data or {}).get("output_ids")
