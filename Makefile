@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint format bench bench-net bench-transfer clean help
+.PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff clean help
 
 help:            ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -34,3 +34,6 @@ bench-net:       ## link fidelity, configured vs measured, over rates x delays x
 
 bench-transfer:  ## KV goodput over the emulated WAN (1-64 MB) and the baselines' TTFT
 	$(BIN)/testbed bench-transfer
+
+bench-handoff:   ## 100-token handoff over a lossy WAN: KV shipped vs token ids + recompute
+	$(BIN)/testbed bench-handoff handoff

@@ -40,6 +40,7 @@ class RequestRecord:
     handoff_batches: int = 0
     handoff_bytes: int = 0  # handoff frames on the wire (headers included)
     handoff_s: float | None = None  # last eager token → first main-decode token (client gap)
+    handoff_sent: float | None = None  # wall time the final handoff frame left the router
     handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
     fallback: str | None = None  # why relay decode finished a request meant for MD
     predicted_wan_s: float | None = None  # the routing input: uncached KV / WAN rate

@@ -228,5 +228,25 @@ def bench_transfer(
     transfer.run(out, rate_mbit, console)
 
 
+@app.command("bench-handoff")
+def bench_handoff(
+    scenario: str = typer.Argument("handoff", help="Scenario file or name (needs system pdd)."),
+    trials: int = typer.Option(30, min=1, help="Trials per path."),
+    tokens: int = typer.Option(100, min=1, help="Tokens handed off per trial."),
+    prompt_tokens: int = typer.Option(64, min=1, help="Prompt length of each trial."),
+    out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
+) -> None:
+    """A TOKENS-token handoff over the scenario's WAN: KV shipped vs token ids + recompute."""
+    from testbed.bench import handoff
+    from testbed.net_cli import fail
+    from testbed.scenario import Scenario, ScenarioError
+    from topologies.netns import NetworkError
+
+    try:
+        handoff.run(Scenario.load(scenario), out, console, trials, tokens, prompt_tokens)
+    except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
+        raise fail(exc) from exc
+
+
 if __name__ == "__main__":
     app()

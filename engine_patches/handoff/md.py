@@ -88,11 +88,12 @@ class HandoffService:
             while True:
                 kind, room, body = recv_frame(conn)
                 rooms.add(room)
-                self.commands.put((conn, kind, room, bytes(body)))
+                self.commands.put((conn, kind, room, bytes(body), time.time()))
         except (OSError, ProtocolError):
             # The router went away: its rooms' parked requests are of no use now.
+            gone = b"router closed the connection"
             for room in rooms:
-                self.commands.put((None, MsgType.RELEASE, room, b"router closed the connection"))
+                self.commands.put((None, MsgType.RELEASE, room, gone, time.time()))
             conn.close()
 
     # -- scheduler thread ---------------------------------------------------------------
@@ -115,11 +116,11 @@ class HandoffService:
     def tick(self) -> None:
         while True:
             try:
-                conn, kind, room, body = self.commands.get_nowait()
+                conn, kind, room, body, received = self.commands.get_nowait()
             except queue.Empty:
                 break
             try:
-                self._command(conn, kind, room, body)
+                self._command(conn, kind, room, body, received)
             except Exception:  # one bad command must not take the scheduler down
                 logger.exception("handoff: %s for room %d failed", kind.name, room)
                 self._finish(room, "handoff failed on main decode")
@@ -133,7 +134,7 @@ class HandoffService:
             if abort_all or p.req.rid == rid:
                 self._finish(room, "aborted")
 
-    def _command(self, conn, kind: MsgType, room: int, body: bytes) -> None:
+    def _command(self, conn, kind: MsgType, room: int, body: bytes, received: float) -> None:
         parked = self.parked.get(room)
         if kind == MsgType.WATCH:
             if parked is None:
@@ -143,9 +144,10 @@ class HandoffService:
                 self._ready(room, parked)
         elif kind == MsgType.HANDOFF:
             if parked is None:  # the KV is still on its way: apply once it is held
-                self.early.setdefault(room, []).append((conn, kind, room, body))
+                self.early.setdefault(room, []).append((conn, kind, room, body, received))
                 return
-            self._handoff(conn, room, parked, Handoff.decode(body), HEADER.size + len(body))
+            frame = HEADER.size + len(body)
+            self._handoff(conn, room, parked, Handoff.decode(body), frame, received)
         elif kind == MsgType.RELEASE:
             self.watchers.pop(room, None)
             self.early.pop(room, None)
@@ -159,8 +161,11 @@ class HandoffService:
         ready = Ready(len(req.origin_input_ids), int(req.kv.cache_protected_len or 0))
         _reply(parked.watcher, MsgType.READY, room, ready.encode())
 
-    def _handoff(self, conn, room: int, parked: Parked, msg: Handoff, frame_bytes: int) -> None:
+    def _handoff(
+        self, conn, room: int, parked: Parked, msg: Handoff, frame_bytes: int, received: float
+    ) -> None:
         start = time.monotonic()
+        started_at = time.time()
         next_token, extended = extend_parked(self.scheduler, parked.req, list(msg.tokens))
         forward_s = time.monotonic() - start
         parked.extend_forwards += extended > 0
@@ -174,7 +179,8 @@ class HandoffService:
             room=room, tokens=len(msg.tokens), extend_tokens=extended, frame_bytes=frame_bytes,
             forward_s=forward_s, next_token=next_token,
             expected_next=int(parked.req.output_ids[-1]), final=msg.final,
-            extend_forwards=parked.extend_forwards,
+            extend_forwards=parked.extend_forwards, received=received,
+            queued_s=started_at - received, extended_at=time.time(),
         )  # fmt: skip
 
     def _finish(self, room: int, reason: str) -> None:

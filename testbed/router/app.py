@@ -19,7 +19,7 @@ from engine_patches.kv_transfer.rooms import new_room
 from reports.records import RecordWriter, RequestRecord
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.pdd import AfterRequest, serve_relayed
-from testbed.router.policies import P_RLD_MD, Loads, Route, make_policy
+from testbed.router.policies import P_RLD_MD, PIPELINE_HEADER, Loads, Route, make_policy
 from testbed.router.transfers import TransferIndex
 from workloads.client import new_output_ids
 
@@ -75,11 +75,13 @@ class Router:
         if self.after is not None:
             await self.after.before(record.session_id)
         try:
-            route = self.policy.choose(body, self.loads, record.session_id)
-        except LookupError as exc:
+            pinned = request.headers.get(PIPELINE_HEADER)
+            route = self.policy.choose(body, self.loads, record.session_id, pinned)
+        except (LookupError, ValueError) as exc:
             if self.after is not None:
                 self.after.after(None, body, record)
-            return web.json_response({"error": str(exc)}, status=503)
+            status = 503 if isinstance(exc, LookupError) else 400
+            return web.json_response({"error": str(exc)}, status=status)
         record.pipeline, record.pipeline_reason = route.pipeline, route.reason
         record.predicted_wan_s = route.predicted_wan_s
         record.decode_server = route.stream_from.name

@@ -199,8 +199,10 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
             batch = tokens[1 + handed :]
             handed += len(batch)
             batches += 1
+            sent = time.time()
             record.handoff_bytes += await channel.handoff(batch, final=final)
             if final:
+                record.handoff_sent = sent
                 takeover = True
                 break
             inflight = asyncio.create_task(channel.extended())

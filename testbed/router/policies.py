@@ -22,6 +22,8 @@ class Route:
 
 # Pipelines, as recorded in RequestRecord.pipeline
 P_MD, P_RLD_MD, RLD_ONLY = "P->MD", "P->RLD->MD", "RLD-only"
+# Experiments (make bench-handoff) and tests pin a request's pipeline with this header.
+PIPELINE_HEADER = "x-pdd-pipeline"
 
 
 class Loads:
@@ -40,14 +42,17 @@ class Policy:
     def __init__(self, config: RouterConfig) -> None:
         self.config = config
 
-    def choose(self, body: dict, loads: Loads, session: str | None = None) -> Route:
+    def choose(
+        self, body: dict, loads: Loads, session: str | None = None, pinned: str | None = None
+    ) -> Route:
+        """``pinned``: a pipeline the request asks for (only PDD has several)."""
         raise NotImplementedError
 
 
 class ColocatedPolicy(Policy):
     """One server prefills and decodes."""
 
-    def choose(self, body, loads, session=None):
+    def choose(self, body, loads, session=None, pinned=None):
         server = loads.least_loaded(self.config.with_role("colocated"))
         return Route("colocated", "single server", server)
 
@@ -55,7 +60,7 @@ class ColocatedPolicy(Policy):
 class PrefillDecodePolicy(Policy):
     """A prefill and a decode server per request, each the least loaded of its role."""
 
-    def choose(self, body, loads, session=None):
+    def choose(self, body, loads, session=None, pinned=None):
         prefill = loads.least_loaded(self.config.with_role("prefill"))
         decode = loads.least_loaded(self.config.with_role("decode", "main_decode"))
         return Route("P->D", "disaggregated baseline", decode, prefill)
@@ -71,7 +76,23 @@ class PddPolicy(Policy):
         self.pdd: PddConfig = config.pdd or PddConfig()
         self.mirror = PrefixMirror()
 
-    def choose(self, body, loads, session: str | None = None):
+    def choose(self, body, loads, session: str | None = None, pinned: str | None = None):
+        route = self._choose(body, loads, session)
+        if pinned is None or pinned == route.pipeline:
+            return route
+        relay = loads.least_loaded(self.config.with_role("relay_decode"))
+        main = loads.least_loaded(self.config.with_role("main_decode"))
+        servers = {P_MD: (main, None), P_RLD_MD: (relay, main), RLD_ONLY: (relay, None)}
+        if pinned not in servers:
+            raise ValueError(f"{PIPELINE_HEADER}: unknown pipeline {pinned!r}")
+        if pinned == P_RLD_MD and prompt_tokens(body) is None:
+            raise ValueError(f"{PIPELINE_HEADER}: {P_RLD_MD} needs token ids (native /generate)")
+        stream_from, then = servers[pinned]
+        prefill = loads.least_loaded(self.config.with_role("prefill"))
+        reason = f"pinned by {PIPELINE_HEADER} (the policy chose {route.pipeline})"
+        return Route(pinned, reason, stream_from, prefill, then, route.predicted_wan_s)
+
+    def _choose(self, body, loads, session: str | None):
         pdd = self.pdd
         prefill = loads.least_loaded(self.config.with_role("prefill"))
         relay = loads.least_loaded(self.config.with_role("relay_decode"))

@@ -120,6 +120,22 @@ def test_routing_follows_the_bound_and_anomalous_requests_stay_off_the_wan(pdd, 
     assert rec.pipeline == "P->RLD->MD" and rec.predicted_wan_s > 0.05
 
 
+def test_handoff_microbenchmark_times_both_paths_over_the_wan(pdd):
+    """One trial of each path of make bench-handoff: what crossed the WAN, and when."""
+    from testbed.bench.handoff import Trials
+    from testbed.model import describe
+
+    per_token = describe(pdd.scenario.model.resolve())["kv_bytes_per_token"]
+    trials = Trials(pdd, tokens=20, prompt_tokens=48, seed=5)
+    kv, ids = trials.kv(0), trials.token_ids(0)
+    assert kv["payload_bytes"] == 20 * per_token  # only the 20 tokens MD lacked
+    assert ids["payload_bytes"] == 80 and ids["wire_bytes"] == Handoff.wire_bytes(20)
+    assert ids["token_exact"] and ids["recompute_ms"] > 0
+    one_way_ms = pdd.scenario.network.wan.delay_ms
+    assert kv["latency_ms"] >= one_way_ms and ids["wire_ms"] >= one_way_ms  # crossed the WAN
+    assert ids["latency_ms"] + 0.5 >= ids["wire_ms"] + ids["recompute_ms"]  # clocks differ by µs
+
+
 def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     rng = random.Random(9)
     prompt = [rng.randrange(10, 4000) for _ in range(3000)]  # 24 MB of KV: ~2 s on the WAN

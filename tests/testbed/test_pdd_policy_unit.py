@@ -3,6 +3,8 @@ predicted WAN time, the MD prefix mirror, and the anomalous-traffic filter."""
 
 from __future__ import annotations
 
+import pytest
+
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
 from testbed.router.policies import P_MD, P_RLD_MD, RLD_ONLY, Loads, PddPolicy
 
@@ -48,3 +50,16 @@ def test_anomalous_requests_are_finished_on_relay_decode():
     assert p.choose(body(1000, 8), Loads()).pipeline == RLD_ONLY
     assert p.choose(body(1000, 9), Loads()).pipeline == P_RLD_MD
     assert p.choose(body(999, 8), Loads()).pipeline == P_RLD_MD
+
+
+def test_a_pinned_pipeline_overrides_the_policy_and_says_so():
+    p = policy(direct_wan_bound_s=0.1)
+    pinned = p.choose(body(2000), Loads(), pinned=P_MD)
+    assert pinned.pipeline == P_MD and pinned.stream_from.name == "md"
+    assert "pinned" in pinned.reason and P_RLD_MD in pinned.reason  # what the policy chose
+    relayed = p.choose(body(10), Loads(), pinned=P_RLD_MD)
+    assert (relayed.stream_from.name, relayed.main_decode.name) == ("rld", "md")
+    with pytest.raises(ValueError, match="unknown pipeline"):
+        p.choose(body(10), Loads(), pinned="P->X")
+    with pytest.raises(ValueError, match="token ids"):
+        p.choose({"text": "hello", "max_tokens": 4}, Loads(), pinned=P_RLD_MD)
