@@ -3,7 +3,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff clean help
+.PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff \
+        bench-wan-sweep bench-paper clean help
 
 help:            ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -37,3 +38,9 @@ bench-transfer:  ## KV goodput over the emulated WAN (1-64 MB) and the baselines
 
 bench-handoff:   ## 100-token handoff over a lossy WAN: KV shipped vs token ids + recompute
 	$(BIN)/testbed bench-handoff handoff
+
+bench-wan-sweep: ## same_site_pd, cross_site_pd and pdd over WAN rate x loss; sweep.html
+	$(BIN)/testbed bench wan_sweep
+
+bench-paper:     ## PDD.md's scale on GPU hosts (set model.path in scenarios/paper.yaml)
+	$(BIN)/testbed bench paper

@@ -100,3 +100,17 @@ def hit_bins(frame: pd.DataFrame) -> str:
         sns.barplot(data=long, x="hit bin", y="share", hue="system", ax=ax)
     ax.set(title="Prefix-hit ratio of requests, PDD's seven bins")
     return _png(fig)
+
+
+def sweep_lines(frame: pd.DataFrame, x: str, facet: str | None, y: str, title: str) -> str:
+    """``y`` against the swept ``x``, a line per system, a panel per value of ``facet``."""
+    facets = sorted(frame[facet].unique()) if facet else [None]
+    fig, axes = plt.subplots(1, len(facets), figsize=(4.2 * len(facets), 3.4), squeeze=False)
+    for ax, value in zip(axes[0], facets, strict=True):
+        part = frame if value is None else frame[frame[facet] == value]
+        sns.lineplot(data=part, x=x, y=y, hue="system", marker="o", ax=ax)
+        ax.set(title=f"{title}" + (f" ({facet} = {value})" if facet else ""), xlabel=x)
+        if part[x].min() > 0 and part[x].max() / part[x].min() >= 8:
+            ax.set_xscale("log")
+        ax.grid(alpha=0.3)
+    return _png(fig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -10,7 +11,7 @@ from markupsafe import Markup
 
 from reports import plots
 from reports.run_data import RunData, load_run
-from reports.tables import all_tables
+from reports.tables import all_tables, sweep_table
 
 TEMPLATES = Path(__file__).parent / "templates"
 EMPTY = {
@@ -61,3 +62,43 @@ def write_report(run_dir: Path) -> Path:
     out = Path(run_dir) / "report.html"
     out.write_text(build(run))
     return out
+
+
+def write_sweep_report(run_dir: Path) -> Path:
+    """sweep.html over a sweep's points (each point keeps its own report.html)."""
+    run_dir = Path(run_dir)
+    sweep = json.loads((run_dir / "sweep.json").read_text())
+    points = {
+        p: load_run(run_dir / p)
+        for p in sweep["points"]
+        if (run_dir / p / "scenario.json").exists()
+    }
+    frame = sweep_table(points, sweep["sweep"])
+    keys = [k.rsplit(".", 1)[-1] for k in sweep["sweep"]]
+    x, facet = keys[0], (keys[1] if len(keys) > 1 else None)
+    figures = {
+        y: plots.sweep_lines(frame, x, facet, y, title)
+        for y, title in (("ttft_p90_s", "TTFT P90 (s)"), ("ttft_p99_s", "TTFT P99 (s)"),
+                         ("sla_goodput_rps", "SLA goodput (req/s)"), ("bcr", "BCR"))
+    } if not frame.empty else {}  # fmt: skip
+    env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
+    html = env.get_template("sweep.html.j2").render(
+        scenario=json.loads((run_dir / "scenario.json").read_text()),
+        run_dir=str(run_dir), sweep=sweep, missing=[p for p in sweep["points"] if p not in points],
+        table=Markup(_html(frame, "sweep")), plots=figures,
+    )  # fmt: skip
+    out = run_dir / "sweep.html"
+    out.write_text(html)
+    return out
+
+
+def write_reports(run_dir: Path) -> Path:
+    """Every report of a run directory, from its stored records alone: report.html, or
+    for a sweep each point's report.html and sweep.html. Returns the top page."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "sweep.json").exists():
+        return write_report(run_dir)
+    for point in json.loads((run_dir / "sweep.json").read_text())["points"]:
+        if (run_dir / point / "scenario.json").exists():
+            write_report(run_dir / point)
+    return write_sweep_report(run_dir)

@@ -261,3 +261,30 @@ def all_tables(run: RunData) -> dict[str, pd.DataFrame]:
         "routing": routing(run), "relay_share": relay_share(run),
         "paper": paper_comparison(run, lat, good, wan), "shape_checks": shape_checks(lat, wan),
     }  # fmt: skip
+
+
+def sweep_table(points: dict[str, RunData], sweep: dict[str, list]) -> pd.DataFrame:
+    """One row per sweep point and system: the swept values, TTFT, goodput, BCR, WAN."""
+    rows = []
+    for run in points.values():
+        values = {}
+        for dotted in sweep:
+            node = run.scenario
+            for key in dotted.split("."):
+                node = node[key]
+            values[dotted.rsplit(".", 1)[-1]] = node
+        lat, good, wan = latency(run), goodput_bcr(run), wan_bytes(run)
+        merged = lat.merge(good, on="system").merge(
+            wan[["system", "kv_bytes_mean", "bytes_over_minimum"]] if not wan.empty
+            else pd.DataFrame(columns=["system", "kv_bytes_mean", "bytes_over_minimum"]),
+            on="system", how="left",
+        )  # fmt: skip
+        for _, r in merged.iterrows():
+            rows.append(
+                {**values, "system": r["system"], "requests": r["requests"],
+                 "errors": r["errors"], "ttft_p50_s": r["ttft_p50_s"],
+                 "ttft_p90_s": r["ttft_p90_s"], "ttft_p99_s": r["ttft_p99_s"],
+                 "sla_goodput_rps": r["sla_goodput_rps"], "bcr": r["bcr"],
+                 "wan_kv_bytes_mean": r["kv_bytes_mean"]}
+            )  # fmt: skip
+    return pd.DataFrame(rows)

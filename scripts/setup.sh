@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3.11}
 VENV=.venv
-DEBIAN_PACKAGES=(mininet bridge-utils iperf3 iputils-ping iptables nftables ethtool iproute2 procps psmisc)
+DEBIAN_PACKAGES=(mininet bridge-utils iperf3 iputils-ping iptables nftables ethtool iproute2 procps psmisc util-linux)
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 fail() { printf '\n\033[31msetup failed: %s\033[0m\n' "$*" >&2; exit 1; }

@@ -206,11 +206,11 @@ def bench_quick(
 
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A bench run directory.")) -> None:
-    """Regenerate report.html from a run directory's stored records alone."""
-    from reports.render import write_report
+    """Regenerate report.html (and a sweep's pages) from a run directory's records alone."""
+    from reports.render import write_reports
 
     try:
-        path = write_report(run_dir)
+        path = write_reports(run_dir)
     except FileNotFoundError as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc

@@ -3,10 +3,12 @@
 Lifecycle::
 
     Deployment(scenario, system, run_dir) ──up()──▶ serving ──down()──▶ stopped
-      up(): network up → model resolved → every SGLang server started in its host's
-            namespace (in parallel) and healthy → router started on the router host
-            and healthy → manifest written.  Any failure tears everything down again.
-      down(): router and servers stopped (SIGTERM, then SIGKILL), network torn down.
+      up(): the testbed pinned to its CPUs (servers.cpus) → network up → model
+            resolved → every SGLang server started in its host's namespace (in
+            parallel, on its role's CPUs) and healthy → router started on the router
+            host and healthy → manifest written.  Any failure tears everything down.
+      down(): router and servers stopped (SIGTERM, then SIGKILL), network torn down,
+            the CPU mask of the calling thread restored.
 
 ``testbed up`` leaves a deployment serving after it exits; ``testbed down`` (or
 ``Network.down_by_name``) ends it from the namespaces alone.
@@ -15,6 +17,7 @@ Lifecycle::
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -80,7 +83,12 @@ class Deployment:
     # -- lifecycle ------------------------------------------------------------------
     def up(self) -> Deployment:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.net.up()
+        self._pin_testbed()
+        try:
+            self.net.up()
+        except BaseException:
+            self._unpin_testbed()
+            raise
         try:
             model = self.scenario.model.resolve()
             self._start_servers(model)
@@ -97,6 +105,30 @@ class Deployment:
         with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
             list(pool.map(lambda s: s.server.stop(), self.servers))
         self.net.down()
+        self._unpin_testbed()
+
+    # -- CPU pinning (servers.cpus) -------------------------------------------------------
+    def _pin_testbed(self) -> None:
+        """Pin this thread, and so every process it starts (link emulators, router,
+        Locust), to the 'testbed' CPUs; servers get their role's CPUs via taskset."""
+        cpus = self.scenario.servers.cpus
+        self._all_cpus = sorted(os.sched_getaffinity(0))
+        missing = sorted({c for v in cpus.values() for c in v} - set(self._all_cpus))
+        if missing:
+            raise ServerError(
+                f"servers.cpus names CPUs {missing}, but this machine offers "
+                f"{self._all_cpus}; edit the scenario's servers.cpus"
+            )
+        if "testbed" in cpus:
+            os.sched_setaffinity(0, cpus["testbed"])
+
+    def _unpin_testbed(self) -> None:
+        if getattr(self, "_all_cpus", None):
+            os.sched_setaffinity(0, self._all_cpus)
+
+    def _server_cpus(self, role: str) -> tuple[int, ...]:
+        cpus = self.scenario.servers.cpus
+        return tuple(cpus.get(role, self._all_cpus)) if cpus else ()
 
     def __enter__(self) -> Deployment:
         return self.up()
@@ -121,6 +153,7 @@ class Deployment:
                     port=cfg.port, max_total_tokens=cfg.max_total_tokens,
                     mem_fraction_static=cfg.mem_fraction_static, bootstrap_port=cfg.bootstrap_port,
                     decode_radix_cache=cfg.decode_radix_cache, extra_args=tuple(cfg.extra_args),
+                    cpus=self._server_cpus(role),
                     extra_env=server_env(cfg, self.transfer_log(name), self._handoff_port(role)),
                 )  # fmt: skip
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
@@ -205,7 +238,7 @@ class Deployment:
                         "links": [vars(a) for a in self.net.applied]},
             "versions": versions(),
             "host": {"kernel": platform.release(), "machine": platform.machine(),
-                     "python": platform.python_version()},
+                     "python": platform.python_version(), "cpus": self._all_cpus},
             "git_commit": git_commit(),
             "started": time.time(),
         }  # fmt: skip

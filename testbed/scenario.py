@@ -3,10 +3,19 @@ SLA and costs as the testbed grows. Validated before anything starts."""
 
 from __future__ import annotations
 
+import copy
+import itertools
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from reports.cost import CostTable
 from reports.sla import SLA
@@ -14,6 +23,7 @@ from testbed.router.config import PddConfig
 from topologies.spec import NetworkSpec
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+CPU_ROLES = ("colocated", "prefill", "decode", "relay_decode", "main_decode", "testbed")
 
 
 class ScenarioError(ValueError):
@@ -61,6 +71,23 @@ class ServersSpec(BaseModel):
     threads: int | None = Field(
         None, ge=1, description="CPU threads per server (OMP_NUM_THREADS); default: torch's choice."
     )
+    cpus: dict[str, list[int]] = Field(
+        default_factory=dict,
+        description="CPU pinning by server role (colocated, prefill, decode, relay_decode, "
+        "main_decode), and 'testbed' for the rest (router, link emulators, Locust), so "
+        "co-hosted servers compute like separate machines; empty: no pinning.",
+    )
+
+    @field_validator("cpus")
+    @classmethod
+    def _known_cpu_roles(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+        unknown = sorted(set(v) - set(CPU_ROLES))
+        if unknown:
+            raise ValueError(f"unknown roles {unknown}; known: {', '.join(CPU_ROLES)}")
+        for role, cpus in v.items():
+            if not cpus or any(c < 0 for c in cpus):
+                raise ValueError(f"{role}: a non-empty list of CPU numbers, got {cpus}")
+        return v
 
 
 class WorkloadSpec(BaseModel):
@@ -136,6 +163,41 @@ class Scenario(BaseModel):
         default_factory=lambda: ["colocated", "same_site_pd", "cross_site_pd"],
         description="Systems to compare (see testbed.systems).",
     )
+    sweep: dict[str, list] = Field(
+        default_factory=dict,
+        description="Bench every combination of these values: dotted scenario field → "
+        "values, e.g. network.wan.rate_mbit: [25, 100]. Each point is a full scenario.",
+    )
+
+    @model_validator(mode="after")
+    def _sweep_points_valid(self) -> Scenario:
+        self.points()  # every combination is a valid scenario, before anything starts
+        return self
+
+    def points(self) -> list[tuple[str, Scenario]]:
+        """(label, scenario) per sweep point; one unlabelled point without a sweep."""
+        if not self.sweep:
+            return [("", self)]
+        base = self.model_dump(exclude={"sweep"})
+        out = []
+        for values in itertools.product(*self.sweep.values()):
+            data, label = copy.deepcopy(base), []
+            for dotted, value in zip(self.sweep, values, strict=True):
+                *parents, leaf = dotted.split(".")
+                node = data
+                for key in parents:
+                    if not isinstance(node.get(key), dict):
+                        raise ValueError(f"sweep: {dotted!r} is not a scenario field")
+                    node = node[key]
+                if leaf not in node:
+                    raise ValueError(f"sweep: {dotted!r} is not a scenario field")
+                node[leaf] = value
+                label.append(f"{leaf}-{value}")
+            try:
+                out.append(("_".join(label), Scenario.model_validate(data)))
+            except ValidationError as exc:
+                raise ValueError(f"sweep point {label}:\n{format_errors(exc)}") from None
+        return out
 
     @field_validator("systems")
     @classmethod

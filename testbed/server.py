@@ -50,6 +50,7 @@ class ServerSpec:
     decode_radix_cache: bool = True
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
+    cpus: tuple[int, ...] = ()  # pinned to these CPUs (taskset); empty: not pinned
     cuda: bool = field(default_factory=host_has_cuda)
 
     def __post_init__(self) -> None:
@@ -88,8 +89,10 @@ class ServerSpec:
                 "float32",
                 "--disable-overlap-schedule",
             ]
-        args += ROLE_ARGS[self.role](self)
-        return args + list(self.extra_args)
+        args += ROLE_ARGS[self.role](self) + list(self.extra_args)
+        if self.cpus:  # SGLang's subprocesses and threads inherit the mask
+            args = ["taskset", "-c", ",".join(map(str, self.cpus)), *args]
+        return args
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from reports.render import write_report
+from reports.render import write_report, write_sweep_report
 from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
 from testbed.deployment import Deployment
@@ -94,23 +94,42 @@ def _lines(path: Path) -> int:
 def run_bench(
     scenario: Scenario, out: Path, console: Console, systems: list[str] | None = None
 ) -> Path:
+    """One run directory; a sweep scenario gets one sub-directory per point, each a
+    complete run of its own, and a sweep report over them all."""
     run_dir = out / time.strftime(f"bench-{scenario.name}-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     systems = systems or scenario.systems
-    data = scenario.model_dump(mode="json")
-    data["systems"] = systems
-    (run_dir / "scenario.json").write_text(json.dumps(data, indent=2))
     trace = scenario.workload.materialize(run_dir)  # the same trace for every system
     console.print(
         f"bench {scenario.name}: systems {', '.join(systems)}; trace {trace}; "
         f"run directory {run_dir}"
     )
+    points = scenario.points()
+    if scenario.sweep:
+        sweep = {"sweep": scenario.sweep, "points": [label for label, _ in points]}
+        (run_dir / "sweep.json").write_text(json.dumps(sweep, indent=2))
+        (run_dir / "scenario.json").write_text(scenario.model_dump_json(indent=2))
+    for i, (label, point) in enumerate(points):
+        if label:
+            console.rule(f"sweep point {i + 1}/{len(points)}: {label}")
+        run_point(point, run_dir / label if label else run_dir, trace, systems, console)
+    if scenario.sweep:
+        console.print(f"sweep report: {write_sweep_report(run_dir)}")
+    return run_dir
+
+
+def run_point(
+    scenario: Scenario, run_dir: Path, trace: Path, systems: list[str], console: Console
+) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = scenario.model_dump(mode="json")
+    data["systems"] = systems
+    (run_dir / "scenario.json").write_text(json.dumps(data, indent=2))
     for system in systems:
         run_system(scenario, system, trace, run_dir, console)
     report = write_report(run_dir)
     console.print(summary(run_dir))
     console.print(f"report: {report}")
-    return run_dir
 
 
 def summary(run_dir: Path) -> Table:

@@ -72,14 +72,15 @@ class Router:
             session_id=request.headers.get(SESSION_HEADER),
             turn=int(request.headers[TURN_HEADER]) if TURN_HEADER in request.headers else None,
         )  # fmt: skip
+        turn_done = None
         if self.after is not None:
-            await self.after.before(record.session_id)
+            turn_done = await self.after.before(record.session_id)
         try:
             pinned = request.headers.get(PIPELINE_HEADER)
             route = self.policy.choose(body, self.loads, record.session_id, pinned)
         except (LookupError, ValueError) as exc:
             if self.after is not None:
-                self.after.after(None, body, record)
+                self.after.after(None, body, record, turn_done)
             status = 503 if isinstance(exc, LookupError) else 400
             return web.json_response({"error": str(exc)}, status=status)
         record.pipeline, record.pipeline_reason = route.pipeline, route.reason
@@ -103,7 +104,7 @@ class Router:
             record.finish = record.finish or time.time()
             await self._join_transfer(route, record)
             if self.after is not None:
-                self.after.after(route, body, record)
+                self.after.after(route, body, record, turn_done)
             self.records.write(record)
 
     async def _serve(self, request, body, route: Route, record: RequestRecord):

@@ -327,19 +327,24 @@ class AfterRequest:
         # request starts, so a next turn sent the moment the stream ends still waits)
         self.pending: dict[str, asyncio.Future] = {}
 
-    async def before(self, session: str | None) -> None:
+    async def before(self, session: str | None) -> asyncio.Future | None:
+        """Wait until P caches the session's previous exchange; returns this request's
+        own future, which ``after`` resolves (a later turn may already have replaced it
+        in ``pending`` when this request's bookkeeping ends)."""
         if not session:
-            return
+            return None
         previous = self.pending.get(session)
-        self.pending[session] = asyncio.get_running_loop().create_future()
+        mine = self.pending[session] = asyncio.get_running_loop().create_future()
         if previous is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(previous), 30)
             except Exception as exc:  # alignment is an optimisation; never fail a request
                 logger.warning("aligning P's cache for session %s: %r", session, exc)
+        return mine
 
-    def after(self, route: Route | None, body: dict, record: RequestRecord) -> None:
-        done = self.pending.get(record.session_id) if record.session_id else None
+    def after(
+        self, route: Route | None, body: dict, record: RequestRecord, done: asyncio.Future | None
+    ) -> None:
         task = self._after(route, body, record) if route is not None else None
         if done is None or done.done():
             return

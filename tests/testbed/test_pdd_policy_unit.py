@@ -63,3 +63,24 @@ def test_a_pinned_pipeline_overrides_the_policy_and_says_so():
         p.choose(body(10), Loads(), pinned="P->X")
     with pytest.raises(ValueError, match="token ids"):
         p.choose({"text": "hello", "max_tokens": 4}, Loads(), pinned=P_RLD_MD)
+
+
+def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
+    """A turn whose bookkeeping ends after the next turn arrived must still release
+    that next turn (it once resolved the next turn's own future, a 30 s stall)."""
+    import asyncio
+
+    from reports.records import RequestRecord
+    from testbed.router.pdd import AfterRequest
+
+    async def two_turns():
+        after = AfterRequest(router=None)
+        first = await after.before("s")
+        second = asyncio.create_task(after.before("s"))  # the next turn arrives early
+        await asyncio.sleep(0.01)
+        assert not second.done()  # it waits for the first turn's alignment
+        record = RequestRecord(request_id="r", system="pdd", endpoint="/generate", arrival=0)
+        after.after(None, {}, record, first)  # no route: nothing to align
+        await asyncio.wait_for(second, 1.0)
+
+    asyncio.run(two_turns())

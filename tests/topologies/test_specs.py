@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from testbed.scenario import Scenario, ScenarioError
+from testbed.scenario import SCENARIO_DIR, Scenario, ScenarioError, ServersSpec
 from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
 from topologies.topo import one_site, two_site
@@ -52,9 +52,29 @@ def test_scenario_file_errors_name_every_bad_field(tmp_path):
         Scenario.load(tmp_path / "list.yaml")
 
 
-def test_shipped_scenarios_validate():
+@pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_scenarios_validate(path):
+    assert Scenario.load(path).name == path.stem
+
+
+def test_shipped_scenarios_say_what_they_are():
     assert Scenario.load("default").network.wan.rate_mbit == 100
     assert Scenario.load("same_site").network.topology == "one_site"
+    assert "pdd" in Scenario.load("default").systems
+
+
+def test_cpu_pinning_is_checked_by_role_and_against_the_machine(tmp_path):
+    from testbed.deployment import Deployment
+    from testbed.server import ServerError
+
+    with pytest.raises(ValidationError, match="unknown roles \\['gpu'\\]"):
+        ServersSpec(cpus={"gpu": [0]})
+    with pytest.raises(ValidationError, match="non-empty list"):
+        ServersSpec(cpus={"prefill": []})
+    scenario = Scenario(name="pin", servers=ServersSpec(cpus={"prefill": [0], "testbed": [4096]}))
+    with pytest.raises(ServerError, match="CPUs \\[4096\\]"):  # refused before anything starts
+        Deployment(scenario, "same_site_pd", tmp_path).up()
+    assert not list(tmp_path.glob("server-*.log"))
 
 
 def test_topologies_place_roles_in_their_sites():
