@@ -16,6 +16,7 @@ from reports.tables import all_tables, sweep_table
 TEMPLATES = Path(__file__).parent / "templates"
 EMPTY = {
     "relay_share": "No relay-decode system in this run: no eager tokens or handoffs to show.",
+    "handoffs": "No handoffs in this run.",
     "wan_bytes": "No KV crossed the WAN in this run.",
 }
 

@@ -65,7 +65,7 @@ def load_run(run_dir: Path) -> RunData:
         if not (d / "manifest.json").exists():
             continue  # a system that did not run (its failure is in the bench log)
         transfers = [
-            json.loads(line)
+            {**json.loads(line), "server": p.stem.removeprefix("transfers-")}
             for p in sorted(d.glob("transfers-*.jsonl"))
             for line in p.read_text().splitlines()
             if line.strip()

@@ -84,6 +84,17 @@ def goodput_bcr(run: RunData) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _wan_receives(s) -> pd.Series:
+    """Transfer-log rows of KV received across the WAN: the decode side of servers in
+    another site than prefill (pdd's relay decode receives over the LAN)."""
+    t, servers = s.transfers, s.manifest.get("servers", [])
+    near = {x["site"] for x in servers if x["role"] == "prefill"}
+    far = {x["name"] for x in servers if x["site"] not in near}
+    if t.empty or "server" not in t:
+        return pd.Series(False, index=t.index)
+    return (t["side"] == "decode") & t["server"].isin(far)
+
+
 def wan_bytes(run: RunData) -> pd.DataFrame:
     """KV bytes per request that crossed the WAN, against (1 − hit) × full KV."""
     rows = []
@@ -92,6 +103,15 @@ def wan_bytes(run: RunData) -> pd.DataFrame:
         if "kv_link" not in r or not (r["kv_link"] == "wan").any():
             continue
         wan = r[(r["kv_link"] == "wan") & (r["status"] == "ok")]
+        t = s.transfers
+        if not t.empty and "server" in t:
+            # A transfer cut short (pdd: relay decode finished first and main decode was
+            # released) moved fewer bytes than the minimum; it is counted apart.
+            done = set(t.loc[_wan_receives(s) & (t["status"] == "success"), "room"])
+            cut = wan[~wan["room"].isin(done)]
+            wan = wan[wan["room"].isin(done)]
+        else:
+            cut = wan.iloc[:0]
         per_token = s.manifest.get("kv_bytes_per_token")
         full = wan["prompt_tokens"] * per_token
         minimum = (wan["prompt_tokens"] - wan["cached_tokens_decode"].fillna(0)) * per_token
@@ -104,6 +124,7 @@ def wan_bytes(run: RunData) -> pd.DataFrame:
                 "full_kv_mean": full.mean(),
                 "bytes_over_minimum": wan["kv_bytes"].sum() / max(minimum.sum(), 1),
                 "saving_vs_full_kv": full.sum() / max(wan["kv_bytes"].sum(), 1),
+                "cut_short": len(cut),
             }
         )
     return pd.DataFrame(rows)
@@ -117,13 +138,7 @@ def wan_utilisation(run: RunData, bucket_s: float = 1.0) -> pd.DataFrame:
         t = s.transfers
         if t.empty or rate == 0:
             continue
-        wan_rooms = set(s.records.loc[s.records["kv_link"] == "wan", "room"].dropna().astype(int))
-        t = t[
-            (t["side"] == "decode")
-            & t["first_byte"].notna()
-            & t["end"].notna()
-            & t["room"].isin(wan_rooms)
-        ]  # LAN transfers do not use the WAN
+        t = t[_wan_receives(s) & t["first_byte"].notna() & t["end"].notna()]
         if t.empty:
             continue
         start = t["first_byte"].min()
@@ -160,10 +175,21 @@ def hit_distribution(run: RunData) -> pd.DataFrame:
 
 
 def routing(run: RunData) -> pd.DataFrame:
+    """Per system and pipeline: how many requests, and the routing input (predicted WAN
+    time of the KV the decode side lacked) they were decided on."""
     rows = []
     for name, s in run.systems.items():
-        for (pipe, reason), n in s.records.groupby(["pipeline", "pipeline_reason"]).size().items():
-            rows.append({"system": name, "pipeline": pipe, "reason": reason, "requests": n})
+        r = s.records
+        for pipe, part in r.groupby("pipeline"):
+            wan_ms = part["predicted_wan_s"].dropna() * 1e3
+            pinned = part["pipeline_reason"].fillna("").str.startswith("pinned").sum()
+            rows.append(
+                {"system": name, "pipeline": pipe, "requests": len(part),
+                 "share": len(part) / max(len(r), 1),
+                 "predicted_wan_ms_p50": wan_ms.median() if len(wan_ms) else np.nan,
+                 "predicted_wan_ms_max": wan_ms.max() if len(wan_ms) else np.nan,
+                 "pinned": int(pinned), "example_reason": part["pipeline_reason"].iloc[0]}
+            )  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -182,6 +208,31 @@ def relay_share(run: RunData) -> pd.DataFrame:
                     "handoff_tokens_mean": s.records["handoff_tokens"].mean(),
                 }
             )
+    return pd.DataFrame(rows)
+
+
+def handoffs(run: RunData) -> pd.DataFrame:
+    """Per system and handoff mode: how many, how big, their bytes and the client's gap
+    (last eager token → first main-decode token); "none" = relay decode finished."""
+    rows = []
+    for name, s in run.systems.items():
+        r = _ok(s.records)
+        if "handoff_mode" not in r or r["handoff_mode"].isna().all():
+            continue
+        for mode, part in r[r["handoff_mode"].notna()].groupby("handoff_mode"):
+            gap = part["handoff_s"].dropna()
+            rows.append(
+                {"system": name, "mode": mode, "requests": len(part),
+                 "eager_tokens_mean": part["eager_tokens"].mean(),
+                 "handoff_tokens_mean": part["handoff_tokens"].mean(),
+                 "handoff_tokens_max": part["handoff_tokens"].max(),
+                 "batches_mean": part["handoff_batches"].mean(),
+                 "bytes_per_token": part["handoff_bytes"].sum()
+                 / max(part["handoff_tokens"].sum(), 1),
+                 "gap_p50_s": gap.median() if len(gap) else np.nan,
+                 "gap_p90_s": gap.quantile(0.9) if len(gap) else np.nan,
+                 "mismatches": int(part["handoff_mismatch"].fillna(False).sum())}
+            )  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -258,7 +309,7 @@ def all_tables(run: RunData) -> dict[str, pd.DataFrame]:
     return {
         "latency": lat, "goodput_bcr": good, "wan_bytes": wan,
         "wan_utilisation": wan_utilisation(run), "hit_distribution": hit_distribution(run),
-        "routing": routing(run), "relay_share": relay_share(run),
+        "routing": routing(run), "relay_share": relay_share(run), "handoffs": handoffs(run),
         "paper": paper_comparison(run, lat, good, wan), "shape_checks": shape_checks(lat, wan),
     }  # fmt: skip
 
