@@ -13,6 +13,7 @@ def load() -> None:
     # keeps a plain ``pip install`` (without the .pth) working for late imports.
     install_import_hooks()
     from engine_patches import drc_align, idle
+    from engine_patches.cpu import extend_attention
     from engine_patches.handoff.register import register as register_handoff
     from engine_patches.kv_transfer.register import register as register_tcp_backend
 
@@ -20,3 +21,4 @@ def load() -> None:
     idle.register()
     register_handoff()
     drc_align.register()
+    extend_attention.register()

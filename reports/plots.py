@@ -14,6 +14,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from reports.run_data import RunData  # noqa: E402
+from reports.tables import wan_requests  # noqa: E402
 
 
 def _png(fig) -> str:
@@ -61,12 +62,11 @@ def latency_boxes(run: RunData) -> str:
 def wan_bytes_scatter(run: RunData) -> str:
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
     for name, s in run.systems.items():
-        r = s.records
-        if "kv_link" not in r or not (r["kv_link"] == "wan").any():
+        wan, _ = wan_requests(s)
+        if wan.empty:
             continue
-        wan = r[(r["kv_link"] == "wan") & (r["status"] == "ok")]
         per_token = s.manifest.get("kv_bytes_per_token", 0)
-        minimum = (wan["prompt_tokens"] - wan["cached_tokens_decode"].fillna(0)) * per_token
+        minimum = (wan["prompt_tokens"] - wan["held"]) * per_token
         ax.scatter(minimum / 1e6, wan["kv_bytes"] / 1e6, s=12, label=name)
     lim = ax.get_xlim()[1] if ax.has_data() else 1
     ax.plot([0, lim], [0, lim], "k--", lw=1, label="(1 − hit) × full KV")

@@ -95,26 +95,35 @@ def _wan_receives(s) -> pd.Series:
     return (t["side"] == "decode") & t["server"].isin(far)
 
 
+def wan_requests(s) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A system's requests whose KV crossed the WAN, with ``kv_bytes`` and ``held`` (the
+    prefix the decode side already had) from the far receivers' transfer logs (pdd's
+    settled transfers end after the request's record was written); and apart, those
+    whose transfer was cut short (MD released, the WAN cut)."""
+    ok, t = _ok(s.records), s.transfers
+    if not t.empty and "server" in t:
+        far = t[_wan_receives(s)].drop_duplicates("room", keep="last").set_index("room")
+        wan = ok[ok["room"].isin(far.index)].copy()
+        got = far.loc[wan["room"]]
+        wan["kv_bytes"] = got["kv_bytes"].to_numpy()
+        wan["held"] = got["decode_prefix_len"].to_numpy()
+        wan["done"] = (got["status"] == "success").to_numpy()
+    else:  # a run directory from before the logs were tagged with their server
+        wan = ok[ok["kv_link"] == "wan"].copy()
+        wan["held"], wan["done"] = wan["cached_tokens_decode"].fillna(0), True
+    return wan[wan["done"]], wan[~wan["done"]]
+
+
 def wan_bytes(run: RunData) -> pd.DataFrame:
     """KV bytes per request that crossed the WAN, against (1 − hit) × full KV."""
     rows = []
     for name, s in run.systems.items():
-        r = s.records
-        if "kv_link" not in r or not (r["kv_link"] == "wan").any():
+        wan, cut = wan_requests(s)
+        if wan.empty and cut.empty:
             continue
-        wan = r[(r["kv_link"] == "wan") & (r["status"] == "ok")]
-        t = s.transfers
-        if not t.empty and "server" in t:
-            # A transfer cut short (pdd: relay decode finished first and main decode was
-            # released) moved fewer bytes than the minimum; it is counted apart.
-            done = set(t.loc[_wan_receives(s) & (t["status"] == "success"), "room"])
-            cut = wan[~wan["room"].isin(done)]
-            wan = wan[wan["room"].isin(done)]
-        else:
-            cut = wan.iloc[:0]
         per_token = s.manifest.get("kv_bytes_per_token")
         full = wan["prompt_tokens"] * per_token
-        minimum = (wan["prompt_tokens"] - wan["cached_tokens_decode"].fillna(0)) * per_token
+        minimum = (wan["prompt_tokens"] - wan["held"]) * per_token
         rows.append(
             {
                 "system": name,
@@ -138,7 +147,10 @@ def wan_utilisation(run: RunData, bucket_s: float = 1.0) -> pd.DataFrame:
         t = s.transfers
         if t.empty or rate == 0:
             continue
-        t = t[_wan_receives(s) & t["first_byte"].notna() & t["end"].notna()]
+        served = set(s.records["room"].dropna())  # not a warm-up's transfer
+        t = t[
+            _wan_receives(s) & t["first_byte"].notna() & t["end"].notna() & t["room"].isin(served)
+        ]
         if t.empty:
             continue
         start = t["first_byte"].min()

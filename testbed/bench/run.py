@@ -1,18 +1,21 @@
 """``make bench``: every system of a scenario on the same network and the same trace.
 
-Per system: deployment up → link fidelity check → Locust replays the trace from the
-client host → deployment down; then the records go to parquet and the report is built
-from the run directory alone (``testbed report RUN_DIR`` does the same later).
+Per system: deployment up → link fidelity check → two warm-up requests (recorded
+apart) → Locust replays the trace from the client host → deployment down; then the
+records go to parquet and the report is built from the run directory alone
+(``testbed report RUN_DIR`` does the same later).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -20,9 +23,12 @@ from reports.render import write_report, write_sweep_report
 from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
 from testbed.deployment import Deployment
+from testbed.router.pdd import HANDOFF_AT_HEADER, HANDOFF_MODE_HEADER
+from testbed.router.policies import P_RLD_MD, PIPELINE_HEADER
 from testbed.scenario import Scenario
 from testbed.workload_cli import locust_argv
 from topologies.check import check_network
+from workloads.client import generate_payload
 
 NET_NAME = "bench"
 
@@ -52,6 +58,8 @@ def run_system(
                 f"(see the report)[/yellow]"
             )
         (out / "cost.json").write_text(json.dumps(system_cost(deployment, scenario)))
+        with console.status(f"[bold]{system}[/bold]: warm-up requests"):
+            warm_up(deployment, scenario, out)
         client = deployment.net.hosts_with_role("client")[0]
         argv = [
             "ip",
@@ -82,6 +90,27 @@ def run_system(
     console.print(
         f"{system}: {_lines(out / 'client.jsonl')} requests in {time.monotonic() - t0:.0f} s"
     )
+
+
+def warm_up(deployment: Deployment, scenario: Scenario, out: Path) -> None:
+    """Two requests before the load, the second with a pinned handoff (other systems
+    ignore the headers), so SGLang's first forward of each shape is not in the
+    measured tail. Their records are kept apart, in warmup-records.jsonl."""
+    rng = random.Random(0)
+    pin = {PIPELINE_HEADER: P_RLD_MD, HANDOFF_AT_HEADER: "9", HANDOFF_MODE_HEADER: "one-shot"}
+    for i, headers in enumerate(({}, pin)):
+        prompt = [rng.randrange(10, scenario.workload.vocab_size) for _ in range(256)]
+        r = httpx.post(
+            f"{deployment.router_url}/generate",
+            json=generate_payload(prompt, 16, False),
+            headers={"x-session-id": f"warmup-{i}", **headers},
+            timeout=300,
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"{deployment.system.name}: warm-up failed: {r.text[:300]}")
+    time.sleep(1.0)  # the router writes a record after its last token
+    if deployment.records_path.exists():
+        deployment.records_path.rename(out / "warmup-records.jsonl")
 
 
 def _lines(path: Path) -> int:

@@ -37,6 +37,7 @@ class Router:
         self.transfers = TransferIndex(logs)
         self.session: ClientSession | None = None
         self.after = AfterRequest(self) if config.policy == "pdd" else None
+        self._background: set[asyncio.Task] = set()  # work that outlives its request
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 << 20)
@@ -51,7 +52,18 @@ class Router:
         self.session = ClientSession(timeout=ClientTimeout(total=self.config.upstream_timeout_s))
 
     async def _stop(self, app) -> None:
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
         await self.session.close()
+
+    def background(self, coro) -> asyncio.Task:
+        """Run ``coro`` past the request that started it (kept referenced, cancelled at
+        shutdown)."""
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(

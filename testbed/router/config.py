@@ -53,6 +53,12 @@ class PddConfig(BaseModel):
     align_prefill_cache: bool = Field(
         True, description="After a request ends on MD, P caches the exchange too (DRC alignment)."
     )
+    settle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="When relay decode finished first, how long MD may take to "
+        "hold the KV and take the exchange into its cache before it is released.",
+    )
 
 
 class RouterConfig(BaseModel):

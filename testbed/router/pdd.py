@@ -11,8 +11,10 @@ One request's walk (``serve_relayed``)::
     final HANDOFF(t..tk) → RLD's stream is closed (SGLang aborts it) → MD's stream,
     whose first k tokens echo t1..tk (checked, not re-sent), continues from t(k+1)
 
-If MD never holds the KV (a cut WAN, MD down) RLD simply finishes the request and
-the record says why (``fallback``). The client sees one stream either way.
+If RLD finishes before MD holds the KV, the client is done; ``settle_on_md`` then lets
+P's transfer finish and hands MD all tokens anyway, so MD caches the exchange for the
+session's next turn. If MD never holds the KV (a cut WAN, MD down) the record says why
+(``fallback``). The client sees one stream either way.
 
 After a request that ended on MD, ``after_request`` tells the MD prefix mirror what
 MD now caches and, with ``align_prefill_cache``, has P cache the same exchange (a
@@ -215,6 +217,11 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
             if record.fallback and not record.fallback.startswith(RLD_FIRST):
                 record.handoff_mode = "failed"
             await out.finish()
+            if record.handoff_mode == "none" and len(tokens) >= 2:
+                settle = settle_on_md(router, route, body, record.session_id, channel,
+                                      (ready, prefill_task, md_task), list(tokens))  # fmt: skip
+                router.background(settle)
+                channel = None  # the settle task owns MD's side from here
             return out.response
         record.handoff_mode = mode
         record.pipeline = P_RLD_MD
@@ -246,27 +253,75 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
         return await out.fail(str(exc))
     finally:
         record.output_ids = tokens
-        for task in (ready, prefill_task, md_task):
-            if not task.done():
-                task.cancel()
-        channel.close()
         if rld_resp is not None:
             rld_resp.close()
-        if md_task.done() and not md_task.cancelled() and md_task.exception() is None:
-            md_task.result().close()  # md_resp, or MD's unread stream if RLD finished
+        if channel is not None:
+            _release(channel, (ready, prefill_task, md_task))
+
+
+def _release(channel: HandoffChannel, tasks: tuple[asyncio.Task, ...]) -> None:
+    """End MD's side of a room: pending tasks cancelled, MD's stream closed, and the
+    channel closed (MD then finishes its parked request, if any, as released)."""
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+    channel.close()
+    md_task = tasks[-1]
+    if md_task.done() and not md_task.cancelled() and md_task.exception() is None:
+        md_task.result().close()
+
+
+async def settle_on_md(
+    router, route: Route, body: dict, session: str | None, channel: HandoffChannel,
+    tasks: tuple[asyncio.Task, asyncio.Task, asyncio.Task], tokens: list[int],
+) -> None:  # fmt: skip
+    """Relay decode finished the request before MD held the KV: MD still takes the
+    exchange into its prefix cache (DRC), off the client's path. P's transfer runs to
+    its end instead of being cut, MD gets all eager tokens but the last (it decodes
+    that one itself: one extend forward, one decode step), and once MD's output equals
+    what the client got, the mirror and P's cache learn the exchange like after any
+    request that ended on MD. A session's next turn does not wait for this."""
+    from testbed.router.app import _lines
+
+    ready, _, md_task = tasks
+    timeout = router.config.pdd.settle_timeout_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    try:
+        while not ready.done():  # MD holds the KV, or its transfer failed, or time is up
+            log = route.main_decode.transfer_log
+            failed = router.transfers.peek(channel.room, log) if log else None
+            if failed is not None and failed["status"] != "success":
+                raise HandoffError(f"KV transfer to main decode: {failed.get('reason')}")
+            if loop.time() > deadline:
+                raise TimeoutError(f"main decode did not hold the KV within {timeout:.0f} s")
+            await asyncio.wait({ready}, timeout=0.25)
+        ready.result()
+        await channel.handoff(tokens[1:-1], final=True)
+        md_resp = await asyncio.wait_for(asyncio.shield(md_task), max(deadline - loop.time(), 1))
+        ids: list[int] = []
+        async for line in _lines(md_resp, None):
+            chunk = Chunk(line)
+            if chunk.error:
+                raise HandoffError(f"main decode: {chunk.error}")
+            ids += chunk.new_ids(len(ids))
+            if chunk.finished or chunk.done:
+                break
+        if ids != tokens:
+            raise HandoffError(f"main decode's {len(ids)} tokens differ from relay decode's")
+        router.after.remember(route, body, session, tokens)
+    except Exception as exc:  # an optimisation off the client's path: log, never raise
+        logger.info("settling room %s on main decode: %r", channel.room, exc)
+    finally:
+        _release(channel, tasks)
 
 
 async def _why_md_missed(ready: asyncio.Task, md_task: asyncio.Task) -> str:
     if ready.done() and not ready.cancelled() and ready.exception() is not None:
         return f"handoff channel to main decode failed: {ready.exception()!r}"[:300]
-    if md_task.done() and md_task.exception() is None:
+    if md_task.done() and md_task.exception() is None and md_task.result().status != 200:
         resp = md_task.result()
-        try:
-            text = await asyncio.wait_for(resp.content.read(2000), 0.5)
-            if b"error" in text or resp.status != 200:
-                return f"main decode: {text.decode(errors='replace')[:300]}"
-        except (TimeoutError, OSError):
-            pass
+        return f"main decode answered {resp.status}: {(await resp.text())[:300]}"
     return f"{RLD_FIRST} (main decode did not hold the KV yet)"
 
 
@@ -361,8 +416,12 @@ class AfterRequest:
         )
         if not ended_on_md or not isinstance(prompt, list) or not ids:
             return None
-        exchange = list(prompt) + list(ids)
-        self.router.policy.mirror.add(exchange[:-1], record.session_id)  # last: no KV
+        return self.remember(route, body, record.session_id, ids)
+
+    def remember(self, route: Route, body: dict, session: str | None, ids: list[int]):
+        """MD now caches prompt + output: tell the mirror, and have P cache it too."""
+        exchange = list(body["input_ids"]) + list(ids)
+        self.router.policy.mirror.add(exchange[:-1], session)  # the last token has no KV
         if not self.router.config.pdd.align_prefill_cache:
             return None
         return asyncio.create_task(self._cache_on_prefill(route, exchange))

@@ -41,3 +41,8 @@ class TransferIndex:
             if asyncio.get_running_loop().time() >= deadline:
                 return None
             await asyncio.sleep(0.05)
+
+    def peek(self, room: int, log: Path) -> dict | None:
+        """The record for ``room`` if it is written yet, left in place for ``lookup``."""
+        self._refresh()
+        return self._by_room.get((Path(log), room))

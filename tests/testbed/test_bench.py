@@ -1,4 +1,5 @@
-"""A scaled-down `make bench`: two systems, a few requests, the full report; and
+"""A scaled-down `make bench`: cross-site PD and PDD under Locust, a few requests, the
+full report; PDD's streams token-exact against cross-site PD's for every request; and
 `testbed report` rebuilding the same tables from the run directory alone."""
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     base["workload"]["generator"].update(
         sessions=2, turns=[2, 2], anomalous_share=0.0, output_tokens=[8, 16]
     )
-    base["systems"] = ["colocated", "cross_site_pd"]
+    base["systems"] = ["cross_site_pd", "pdd"]
     scenario = Scenario.model_validate(base)
 
     run_dir = run_bench(scenario, tmp_path, Console(file=io.StringIO()))
@@ -43,6 +44,19 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     lat = all_tables(run)["latency"].set_index("system")
     assert (lat["requests"] == 4).all() and (lat["errors"] == 0).all()
     assert (run.systems["cross_site_pd"].records["kv_link"] == "wan").all()
+    assert "No relay-decode system" not in html and "No handoffs" not in html
+    # The same trace turn (session and turn in the request id) got the same tokens.
+    outputs = {
+        name: {r.request_id.split("-")[0]: list(r.output_ids) for r in s.records.itertuples()}
+        for name, s in run.systems.items()
+    }
+    assert outputs["pdd"] == outputs["cross_site_pd"]
+    assert all(len(ids) > 0 for ids in outputs["pdd"].values())
+    pdd = run.systems["pdd"].records
+    assert set(pdd["pipeline"]) <= {"P->MD", "P->RLD->MD", "RLD-only"}
+    assert (pdd["eager_tokens"] > 0).any()  # relay decode streamed under load
+    manifest = run.systems["pdd"].manifest
+    assert all(s["argv"][:2] == ["taskset", "-c"] for s in manifest["servers"])  # pinned
 
     before = all_tables(run)
     (run_dir / "report.html").unlink()

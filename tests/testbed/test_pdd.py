@@ -136,6 +136,28 @@ def test_handoff_microbenchmark_times_both_paths_over_the_wan(pdd):
     assert ids["latency_ms"] + 0.5 >= ids["wire_ms"] + ids["recompute_ms"]  # clocks differ by µs
 
 
+def test_when_relay_decode_finishes_first_main_decode_still_caches_the_exchange(pdd, colocated):
+    rng = random.Random(21)
+    prompt = [rng.randrange(10, 4000) for _ in range(1400)]  # 11 MB of KV: ~1 s on the WAN
+    first = stream(pdd, prompt, 6, "settle")  # relay decode is done long before that
+    assert first == reference_output(colocated, prompt, 6)
+    rec = record_of(pdd, "settle")
+    assert rec.handoff_mode == "none" and rec.fallback.startswith("relay decode finished first")
+    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
+    deadline = time.monotonic() + 30
+    while not [h for h in handoff_log(pdd) if h["room"] == rec.room and h["final"]]:
+        assert time.monotonic() < deadline, "main decode never took the exchange"
+        time.sleep(0.5)
+    time.sleep(1.0)  # MD decodes the last token; the router learns MD caches it all
+    md_log = [json.loads(x) for x in pdd.transfer_log(md.name).read_text().splitlines()]
+    (kv,) = [t for t in md_log if t.get("room") == rec.room and t["side"] == "decode"]
+    assert kv["status"] == "success"  # P's transfer ran to its end, not cut
+    follow = prompt + first + [rng.randrange(10, 4000) for _ in range(30)]
+    assert stream(pdd, follow, 8, "settle", turn=1) == reference_output(colocated, follow, 8)
+    rec = record_of(pdd, "settle", turn=1)
+    assert rec.pipeline == "P->MD" and rec.cached_tokens_decode >= len(prompt) + len(first) - 1
+
+
 def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     rng = random.Random(9)
     prompt = [rng.randrange(10, 4000) for _ in range(3000)]  # 24 MB of KV: ~2 s on the WAN
@@ -150,6 +172,9 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     pdd.net.cut_wan()
     try:
         thread.join(120)
+        # The WAN stays down until main decode's receiver gives up (kv_idle_timeout_s=5);
+        # a shorter cut is survived by TCP and the KV reaches MD after all.
+        time.sleep(6)
     finally:
         pdd.net.restore_wan()
     assert not thread.is_alive()
@@ -157,7 +182,6 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     rec = record_of(pdd, "cut")
     assert rec.status == "ok" and rec.handoff_mode in ("none", "failed") and rec.fallback
     assert rec.eager_tokens == 40 and rec.decode_server.startswith("relay_decode")
-    time.sleep(6)  # main decode's receiver gives up on the cut WAN (kv_idle_timeout_s=5)
     (md,) = [s for s in pdd.servers if s.role == "main_decode"]
     md_log = [json.loads(x) for x in pdd.transfer_log(md.name).read_text().splitlines()]
     (md_transfer,) = [t for t in md_log if t.get("room") == rec.room and t["side"] == "decode"]

@@ -1,0 +1,71 @@
+"""Extend attention on SGLang's CPU backend without the quadratic detour.
+
+SGLang's ``torch_native`` backend (the one CPU serving uses) computes an extend of
+``q`` new tokens over a cached prefix of ``p`` tokens by padding the query to all
+``p + q`` positions and running causal attention over the full square, then keeping
+the last ``q`` rows: O((p + q)^2) per layer instead of O(q (p + q)). A one-token
+extend on a 2,000-token context then costs about as much as prefilling it, so prefix
+hits save no attention compute, and PDD's extend forward after a handoff (meant to
+be nearly free) stalls main decode for hundreds of milliseconds.
+
+This REPLACE hook computes only the ``q`` query rows, with the causal mask shifted
+by the prefix (row i may see keys 0..p+i). Same result up to float rounding; the
+cases it does not cover (cross-attention, encoder offsets, sliding windows) go to
+the original.
+"""
+
+from __future__ import annotations
+
+TARGET = (
+    "sglang.srt.layers.attention.torch_native_backend."
+    "TorchNativeAttnBackend._run_sdpa_forward_extend"
+)
+_original = None
+
+
+def extend_forward(
+    self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+    extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None, enable_gqa=False,
+    causal=False, is_cross_attn=False, sliding_window_size=None,
+):  # fmt: skip
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention
+
+    windowed = sliding_window_size is not None and sliding_window_size > -1
+    if encoder_lens is not None or is_cross_attn or windowed:
+        return _original(
+            self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+            extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa, causal,
+            is_cross_attn, sliding_window_size,
+        )  # fmt: skip
+    query = query.movedim(0, query.dim() - 2)  # [heads, tokens, dim]
+    start_q = 0
+    for i in range(seq_lens.shape[0]):
+        q_len, prefix, kv_len = (int(extend_seq_lens[i]), int(extend_prefix_lens[i]),
+                                 int(seq_lens[i]))  # fmt: skip
+        q = query[:, start_q : start_q + q_len, :]
+        tokens = req_to_token[req_pool_indices[i], :kv_len]
+        k = k_cache[tokens].movedim(0, query.dim() - 2)
+        v = v_cache[tokens].movedim(0, query.dim() - 2)
+        if not (q.dtype == k.dtype == v.dtype):
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        mask = None
+        if causal:
+            rows = torch.arange(prefix, prefix + q_len, device=q.device)[:, None]
+            mask = torch.arange(kv_len, device=q.device)[None, :] <= rows
+        out = scaled_dot_product_attention(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+            attn_mask=mask, enable_gqa=enable_gqa, scale=scaling,
+        )  # fmt: skip
+        output[start_q : start_q + q_len] = out.squeeze(0).movedim(query.dim() - 2, 0)
+        start_q += q_len
+    return output
+
+
+def register() -> None:
+    from sglang.srt.layers.attention import torch_native_backend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    global _original
+    _original = torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend
+    HookRegistry.register(TARGET, extend_forward, HookType.REPLACE)
