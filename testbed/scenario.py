@@ -139,6 +139,16 @@ class CostSpec(BaseModel):
         description="The accelerator type every server of a site counts as.",
     )
 
+    @model_validator(mode="after")
+    def _every_site_priced(self) -> CostSpec:
+        unpriced = sorted(set(self.site_accelerators.values()) - set(self.table.accelerators))
+        if unpriced:
+            raise ValueError(
+                f"site_accelerators name {unpriced}, which cost.table.accelerators does not "
+                f"price (priced: {', '.join(sorted(self.table.accelerators))})"
+            )
+        return self
+
 
 class Scenario(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")

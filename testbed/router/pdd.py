@@ -404,9 +404,15 @@ class AfterRequest:
         if done is None or done.done():
             return
         if task is None:
-            done.set_result(None)
+            self._resolve(record.session_id, done)
         else:
-            task.add_done_callback(lambda _: done.done() or done.set_result(None))
+            task.add_done_callback(lambda _: self._resolve(record.session_id, done))
+
+    def _resolve(self, session: str, done: asyncio.Future) -> None:
+        if not done.done():
+            done.set_result(None)
+        if self.pending.get(session) is done:  # no later turn waits on it: forget it
+            del self.pending[session]
 
     def _after(self, route: Route, body: dict, record: RequestRecord) -> asyncio.Task | None:
         prompt = body.get("input_ids")

@@ -53,9 +53,14 @@ def stream(pdd: Deployment, prompt, new_tokens, session, turn=0, headers=None) -
 
 
 def record_of(pdd: Deployment, session: str, turn: int = 0):
-    time.sleep(0.3)
-    records = read_records(pdd.records_path)
-    return [r for r in records if r.session_id == session and r.turn == turn][-1]
+    """The router's record of a request (written just after its last token)."""
+    deadline = time.monotonic() + 10
+    while True:
+        records = read_records(pdd.records_path) if pdd.records_path.exists() else []
+        mine = [r for r in records if r.session_id == session and r.turn == turn]
+        if mine or time.monotonic() > deadline:
+            return mine[-1]
+        time.sleep(0.2)
 
 
 def handoff_log(pdd: Deployment) -> list[dict]:
@@ -169,22 +174,31 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     thread = threading.Thread(target=run)
     thread.start()
     time.sleep(1.0)
+    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
+
+    def md_transfers(room):
+        path = pdd.transfer_log(md.name)
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [
+            t for t in map(json.loads, lines) if t.get("room") == room and t["side"] == "decode"
+        ]
+
     pdd.net.cut_wan()
     try:
         thread.join(120)
-        # The WAN stays down until main decode's receiver gives up (kv_idle_timeout_s=5);
-        # a shorter cut is survived by TCP and the KV reaches MD after all.
-        time.sleep(6)
+        assert not thread.is_alive()
+        rec = record_of(pdd, "cut")
+        # The WAN stays down until main decode's receiver gives up (kv_idle_timeout_s=5;
+        # a shorter cut is survived by TCP, and the KV reaches MD after all).
+        deadline = time.monotonic() + 30
+        while not md_transfers(rec.room) and time.monotonic() < deadline:
+            time.sleep(0.5)
     finally:
         pdd.net.restore_wan()
-    assert not thread.is_alive()
     assert result["ids"] == reference_output(colocated, prompt, 40)
-    rec = record_of(pdd, "cut")
     assert rec.status == "ok" and rec.handoff_mode in ("none", "failed") and rec.fallback
     assert rec.eager_tokens == 40 and rec.decode_server.startswith("relay_decode")
-    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
-    md_log = [json.loads(x) for x in pdd.transfer_log(md.name).read_text().splitlines()]
-    (md_transfer,) = [t for t in md_log if t.get("room") == rec.room and t["side"] == "decode"]
+    (md_transfer,) = md_transfers(rec.room)
     assert md_transfer["status"] == "failed" and md_transfer["reason"]
     fresh = [rng.randrange(10, 4000) for _ in range(300)]
     assert stream(pdd, fresh, 120, "after-cut") == reference_output(colocated, fresh, 120)

@@ -79,8 +79,12 @@ def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
         second = asyncio.create_task(after.before("s"))  # the next turn arrives early
         await asyncio.sleep(0.01)
         assert not second.done()  # it waits for the first turn's alignment
-        record = RequestRecord(request_id="r", system="pdd", endpoint="/generate", arrival=0)
+        record = RequestRecord(
+            request_id="r", system="pdd", endpoint="/generate", arrival=0, session_id="s"
+        )
         after.after(None, {}, record, first)  # no route: nothing to align
-        await asyncio.wait_for(second, 1.0)
+        mine = await asyncio.wait_for(second, 1.0)
+        after.after(None, {}, record, mine)
+        assert after.pending == {}  # a session's bookkeeping ends with its last turn
 
     asyncio.run(two_turns())

@@ -88,3 +88,19 @@ def test_topologies_place_roles_in_their_sites():
     single = one_site()
     assert {single.nodeInfo(h)["site"] for h in single.hosts()} == {"A"}
     assert not [i for *_, i in single.links(withInfo=True) if i["kind"] == "wan"]
+
+
+@pytest.mark.parametrize(
+    "section, message",
+    [
+        ("network: {hosts: {gpu: 1}}", "network.hosts.*unknown role 'gpu'"),
+        ("cost: {site_accelerators: {A: GPU-A, B: GPU-Z}}", "cost.*GPU-Z.*does not price"),
+        ("sla: {attainment: 0.9}", "sla.ttft_s: Field required"),
+        ("systems: [pdd, magic]", "unknown systems \\['magic'\\]"),
+    ],
+)
+def test_invalid_scenarios_fail_before_anything_starts(tmp_path, section, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(section + "\n")
+    with pytest.raises(ScenarioError, match=f"(?s){message}"):
+        Scenario.load(path)
