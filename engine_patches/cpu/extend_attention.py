@@ -8,10 +8,13 @@ extend on a 2,000-token context then costs about as much as prefilling it, so pr
 hits save no attention compute, and PDD's extend forward after a handoff (meant to
 be nearly free) stalls main decode for hundreds of milliseconds.
 
-This REPLACE hook computes only the ``q`` query rows, with the causal mask shifted
-by the prefix (row i may see keys 0..p+i). Same result up to float rounding; the
-cases it does not cover (cross-attention, encoder offsets, sliding windows) go to
-the original.
+This REPLACE hook computes only the ``q`` query rows when they are few against the
+context, with the causal mask shifted by the prefix (row i may see keys 0..p+i).
+When new tokens are at least half the context (a fresh prefill: all of it) the
+square with PyTorch's fused causal kernel is faster than any masked call, so that
+case keeps the original's shape. Same result up to float rounding; the cases it
+does not cover (cross-attention, encoder offsets, sliding windows) go to the
+original.
 """
 
 from __future__ import annotations
@@ -49,14 +52,22 @@ def extend_forward(
         v = v_cache[tokens].movedim(0, query.dim() - 2)
         if not (q.dtype == k.dtype == v.dtype):
             k, v = k.to(q.dtype), v.to(q.dtype)
-        mask = None
-        if causal:
+        if 2 * q_len >= kv_len or not causal:
+            # Mostly new tokens (a fresh prefill: all of them): the square with the fused
+            # causal kernel costs at most twice the rows needed and beats a masked one.
+            padded = q.new_zeros((q.shape[0], kv_len, q.shape[2]))
+            padded[:, prefix:, :] = q
+            out = scaled_dot_product_attention(
+                padded.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                enable_gqa=enable_gqa, scale=scaling, is_causal=causal,
+            )[:, :, prefix:, :]  # fmt: skip
+        else:  # a few rows over a long prefix: row i sees keys 0 .. prefix + i
             rows = torch.arange(prefix, prefix + q_len, device=q.device)[:, None]
             mask = torch.arange(kv_len, device=q.device)[None, :] <= rows
-        out = scaled_dot_product_attention(
-            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-            attn_mask=mask, enable_gqa=enable_gqa, scale=scaling,
-        )  # fmt: skip
+            out = scaled_dot_product_attention(
+                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                attn_mask=mask, enable_gqa=enable_gqa, scale=scaling,
+            )  # fmt: skip
         output[start_q : start_q + q_len] = out.squeeze(0).movedim(query.dim() - 2, 0)
         start_q += q_len
     return output

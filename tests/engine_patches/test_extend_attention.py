@@ -9,7 +9,9 @@ import torch
 from engine_patches.cpu import extend_attention
 
 
-@pytest.mark.parametrize("prefixes, extends", [([0], [7]), ([40, 0, 5], [1, 9, 30])])
+@pytest.mark.parametrize(
+    "prefixes, extends", [([0], [7]), ([40, 0, 5], [1, 9, 30]), ([90, 60], [3, 60])]
+)
 @pytest.mark.parametrize("gqa", [False, True])
 def test_extend_attention_matches_sglangs_torch_native(prefixes, extends, gqa):
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
