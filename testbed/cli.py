@@ -182,6 +182,8 @@ def bench(
 ) -> None:
     """Every system of the scenario on the same network and trace; HTML report at the end."""
     from testbed.bench.run import run_bench
+
+    signal.signal(signal.SIGTERM, _interrupt)  # a killed bench still tears down
     from testbed.net_cli import fail
     from testbed.scenario import Scenario, ScenarioError
     from topologies.netns import NetworkError
@@ -190,6 +192,10 @@ def bench(
         run_bench(Scenario.load(scenario), out, console, system or None)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # one shutdown path (the finally blocks) for SIGTERM and Ctrl-C
 
 
 @app.command("bench-quick")
