@@ -17,8 +17,9 @@ from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 from engine_patches.kv_transfer.rooms import new_room
 from reports.records import RecordWriter, RequestRecord
+from testbed.router.after import AfterRequest
 from testbed.router.config import RouterConfig, ServerEntry
-from testbed.router.pdd import AfterRequest, serve_relayed
+from testbed.router.pdd import serve_relayed
 from testbed.router.policies import P_RLD_MD, PIPELINE_HEADER, Loads, Route, make_policy
 from testbed.router.transfers import TransferIndex
 from workloads.client import new_output_ids

@@ -16,10 +16,7 @@ P's transfer finish and hands MD all tokens anyway, so MD caches the exchange fo
 session's next turn. If MD never holds the KV (a cut WAN, MD down) the record says why
 (``fallback``). The client sees one stream either way.
 
-After a request that ended on MD, ``after_request`` tells the MD prefix mirror what
-MD now caches and, with ``align_prefill_cache``, has P cache the same exchange (a
-prefill with SGLang's fake transfer: nothing is sent), so P's and MD's hit ratios stay
-aligned over a session. A session's next request waits for that to finish.
+What follows each request (DRC alignment, the MD prefix mirror) is in ``after``.
 """
 
 from __future__ import annotations
@@ -31,17 +28,15 @@ import time
 
 from aiohttp import web
 
-from engine_patches.drc_align import ALIGN_PREFIX
 from engine_patches.handoff.md import md_rid
 from engine_patches.handoff.messages import Extended, Handoff, Ready
 from engine_patches.kv_transfer.messages import HEADER, MAGIC, MsgType
 from engine_patches.kv_transfer.rooms import new_room
 from reports.records import RequestRecord
-from testbed.router.policies import P_MD, P_RLD_MD, Route, max_new_tokens
+from testbed.router.policies import P_RLD_MD, Route, max_new_tokens
 from workloads.client import new_output_ids
 
 logger = logging.getLogger("pdd.router")
-FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
 HANDOFF_AT_HEADER, HANDOFF_MODE_HEADER = "x-pdd-handoff-at", "x-pdd-handoff-mode"
 RLD_FIRST = "relay decode finished first"
 
@@ -371,75 +366,3 @@ class ClientStream:
             await self.response.write_eof()
             return self.response
         return web.json_response({"error": message}, status=502)
-
-
-class AfterRequest:
-    """DRC alignment and the MD prefix mirror, after each request of a pdd router."""
-
-    def __init__(self, router) -> None:
-        self.router = router
-        # session → done once P caches the session's last exchange (set when the
-        # request starts, so a next turn sent the moment the stream ends still waits)
-        self.pending: dict[str, asyncio.Future] = {}
-
-    async def before(self, session: str | None) -> asyncio.Future | None:
-        """Wait until P caches the session's previous exchange; returns this request's
-        own future, which ``after`` resolves (a later turn may already have replaced it
-        in ``pending`` when this request's bookkeeping ends)."""
-        if not session:
-            return None
-        previous = self.pending.get(session)
-        mine = self.pending[session] = asyncio.get_running_loop().create_future()
-        if previous is not None:
-            try:
-                await asyncio.wait_for(asyncio.shield(previous), 30)
-            except Exception as exc:  # alignment is an optimisation; never fail a request
-                logger.warning("aligning P's cache for session %s: %r", session, exc)
-        return mine
-
-    def after(
-        self, route: Route | None, body: dict, record: RequestRecord, done: asyncio.Future | None
-    ) -> None:
-        task = self._after(route, body, record) if route is not None else None
-        if done is None or done.done():
-            return
-        if task is None:
-            self._resolve(record.session_id, done)
-        else:
-            task.add_done_callback(lambda _: self._resolve(record.session_id, done))
-
-    def _resolve(self, session: str, done: asyncio.Future) -> None:
-        if not done.done():
-            done.set_result(None)
-        if self.pending.get(session) is done:  # no later turn waits on it: forget it
-            del self.pending[session]
-
-    def _after(self, route: Route, body: dict, record: RequestRecord) -> asyncio.Task | None:
-        prompt = body.get("input_ids")
-        ids = getattr(record, "output_ids", None)
-        ended_on_md = record.status == "ok" and (
-            route.pipeline == P_MD or record.handoff_mode in ("one-shot", "catch-up")
-        )
-        if not ended_on_md or not isinstance(prompt, list) or not ids:
-            return None
-        return self.remember(route, body, record.session_id, ids)
-
-    def remember(self, route: Route, body: dict, session: str | None, ids: list[int]):
-        """MD now caches prompt + output: tell the mirror, and have P cache it too."""
-        exchange = list(body["input_ids"]) + list(ids)
-        self.router.policy.mirror.add(exchange[:-1], session)  # the last token has no KV
-        if not self.router.config.pdd.align_prefill_cache:
-            return None
-        return asyncio.create_task(self._cache_on_prefill(route, exchange))
-
-    async def _cache_on_prefill(self, route: Route, exchange: list[int]) -> None:
-        room = new_room()
-        body = {
-            "rid": f"{ALIGN_PREFIX}{room}",  # P inserts it into its prefix cache
-            "input_ids": exchange,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "bootstrap_host": FAKE_BOOTSTRAP_HOST,
-            "bootstrap_room": room,
-        }
-        async with self.router.session.post(route.prefill.url + "/generate", json=body) as r:
-            await r.read()

@@ -71,7 +71,7 @@ def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
     import asyncio
 
     from reports.records import RequestRecord
-    from testbed.router.pdd import AfterRequest
+    from testbed.router.after import AfterRequest
 
     async def two_turns():
         after = AfterRequest(router=None)
