@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
 .PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff \
-        bench-wan-sweep bench-paper clean help
+        bench-wan-sweep bench-paper bench-hetero bench-bathtub plan clean help
 
 help:            ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -24,8 +24,9 @@ lint:            ## ruff lint and format check
 format:          ## ruff format and autofix
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
-bench:           ## every system of the default scenario on one network and trace; HTML report
-	$(BIN)/testbed bench default
+SCENARIO ?= default
+bench:           ## every system of a scenario (SCENARIO=default) on one network and trace; HTML report
+	$(BIN)/testbed bench $(SCENARIO)
 
 clean:           ## remove run outputs (keeps the venv)
 	rm -rf runs .pytest_cache
@@ -44,3 +45,12 @@ bench-wan-sweep: ## same_site_pd, cross_site_pd and pdd over WAN rate x loss; sw
 
 bench-paper:     ## PDD.md's scale on GPU hosts (set model.path in scenarios/paper.yaml)
 	$(BIN)/testbed bench paper
+
+bench-hetero:    ## GPU-A/GPU-B chips emulated (paced, time-dilated): BCR, pacing, planner table
+	$(BIN)/testbed bench hetero
+
+bench-bathtub:   ## throughput and benefit against the prefix-hit ratio; sweep.html with the bathtub
+	$(BIN)/testbed bench bathtub
+
+plan:            ## size every design for the hetero scenario's trace; print the BCR table
+	$(BIN)/testbed plan hetero

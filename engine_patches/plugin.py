@@ -16,9 +16,11 @@ def load() -> None:
     from engine_patches.cpu import extend_attention
     from engine_patches.handoff.register import register as register_handoff
     from engine_patches.kv_transfer.register import register as register_tcp_backend
+    from engine_patches.pacing import hook as pacing
 
     register_tcp_backend()
     idle.register()
     register_handoff()
     drc_align.register()
     extend_attention.register()
+    pacing.register()  # only where PDD_PACING is set

@@ -114,3 +114,25 @@ def sweep_lines(frame: pd.DataFrame, x: str, facet: str | None, y: str, title: s
             ax.set_xscale("log")
         ax.grid(alpha=0.3)
     return _png(fig)
+
+
+def bathtub(model: pd.DataFrame, measured: pd.DataFrame | None = None) -> str:
+    """Modelled throughput and benefit per unit cost against the hit ratio (relative to
+    no hit); hits where the tail chunk is small are marked; measured points, if any,
+    are drawn on the same relative scale."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    small = model[(model["tail_tokens"] > 0) & (model["tail_tokens"] < 1024)]
+    panels = (
+        (axes[0], "throughput_per_cost", "throughput per unit cost"),
+        (axes[1], "benefit_per_cost", "benefit (revenue) per unit cost"),
+    )
+    for ax, col, title in panels:
+        ax.plot(model["hit"], model[col], label="modelled (roofline)", color="tab:blue")
+        ax.scatter(small["hit"], small[col], s=12, color="tab:red",
+                   label="tail chunk < 1024 tokens", zorder=3)  # fmt: skip
+        if measured is not None and col in measured and not measured.empty:
+            ax.plot(measured["hit"], measured[col], "o--", color="tab:green", label="measured")
+        ax.set(title=title, xlabel="prefix-hit ratio", ylabel="relative to hit = 0")
+        ax.grid(alpha=0.3)
+    axes[1].legend(fontsize=8)
+    return _png(fig)

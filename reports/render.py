@@ -9,7 +9,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from reports import plots
+from reports import emulation, plots
 from reports.run_data import RunData, load_run
 from reports.tables import all_tables, sweep_table
 
@@ -18,6 +18,9 @@ EMPTY = {
     "relay_share": "No relay-decode system in this run: no eager tokens or handoffs to show.",
     "handoffs": "No handoffs in this run.",
     "wan_bytes": "No KV crossed the WAN in this run.",
+    "pacing": "No server paced its passes (no emulation in this scenario).",
+    "plan": "No trace in the run directory to plan for.",
+    "bathtub": "No completed requests to measure.",
 }
 
 
@@ -45,6 +48,10 @@ def build(run: RunData) -> str:
         "utilisation": plots.utilisation(tables["wan_utilisation"]),
         "hit_bins": plots.hit_bins(tables["hit_distribution"]),
     }  # fmt: skip
+    html_tables["pacing"] = _html(emulation.pacing(run), "pacing")
+    html_tables["plan"] = _html(emulation.plan(run), "plan")
+    if run.emulation:
+        figures["bathtub"] = plots.bathtub(emulation.bathtub(run))
     first = next(iter(run.systems.values()), None)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     template = env.get_template("report.html.j2")
@@ -55,6 +62,7 @@ def build(run: RunData) -> str:
         tables={k: Markup(v) for k, v in html_tables.items()}, plots=figures,
         sla=run.scenario["sla"], prices=run.scenario["cost"]["table"],
         site_accelerators=run.scenario["cost"]["site_accelerators"],
+        emulation=run.emulation, target=run.target_scenario,
     )  # fmt: skip
 
 
@@ -75,6 +83,12 @@ def write_sweep_report(run_dir: Path) -> Path:
         if (run_dir / p / "scenario.json").exists()
     }
     frame = sweep_table(points, sweep["sweep"])
+    bathtub_table, bathtub_plot = "", None
+    if any(k.endswith("fixed_hit") for k in sweep["sweep"]) and points:
+        measured = emulation.measured_bathtub(points)
+        model = emulation.bathtub(next(iter(points.values())))
+        bathtub_table = _html(measured, "bathtub")
+        bathtub_plot = plots.bathtub(model, measured) if not model.empty else None
     keys = [k.rsplit(".", 1)[-1] for k in sweep["sweep"]]
     x, facet = keys[0], (keys[1] if len(keys) > 1 else None)
     figures = {
@@ -87,6 +101,7 @@ def write_sweep_report(run_dir: Path) -> Path:
         scenario=json.loads((run_dir / "scenario.json").read_text()),
         run_dir=str(run_dir), sweep=sweep, missing=[p for p in sweep["points"] if p not in points],
         table=Markup(_html(frame, "sweep")), plots=figures,
+        bathtub_table=Markup(bathtub_table), bathtub_plot=bathtub_plot,
     )  # fmt: skip
     out = run_dir / "sweep.html"
     out.write_text(html)

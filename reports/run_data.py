@@ -4,8 +4,10 @@ manifest, link check and KV transfer logs. Files only — no live process needed
 Layout written by ``testbed bench``::
 
     RUN_DIR/scenario.json, trace.jsonl, report.html
+            emulation.json, scenario-target.json (emulation mode only)
     RUN_DIR/<system>/records.parquet (or records.jsonl), manifest.json, link_check.json,
-                     transfers-*.jsonl, locust_stats.csv, server-*.log, router.log
+                     transfers-*.jsonl, pacing-*.jsonl, locust_stats.csv, server-*.log,
+                     router.log
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class SystemRun:
     link_check: list[dict] = field(default_factory=list)
     transfers: pd.DataFrame = field(default_factory=pd.DataFrame)
     cost: dict = field(default_factory=dict)
+    pacing: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 @dataclass
@@ -34,6 +37,8 @@ class RunData:
     path: Path
     scenario: dict
     systems: dict[str, SystemRun]
+    emulation: dict = field(default_factory=dict)  # emulation.json; empty: none
+    target_scenario: dict = field(default_factory=dict)  # in target time (emulation)
 
 
 def records_frame(system_dir: Path) -> pd.DataFrame:
@@ -64,12 +69,7 @@ def load_run(run_dir: Path) -> RunData:
         d = run_dir / name
         if not (d / "manifest.json").exists():
             continue  # a system that did not run (its failure is in the bench log)
-        transfers = [
-            {**json.loads(line), "server": p.stem.removeprefix("transfers-")}
-            for p in sorted(d.glob("transfers-*.jsonl"))
-            for line in p.read_text().splitlines()
-            if line.strip()
-        ]
+        transfers, pacing = _server_logs(d, "transfers"), _server_logs(d, "pacing")
         systems[name] = SystemRun(
             name=name,
             records=records_frame(d),
@@ -78,5 +78,26 @@ def load_run(run_dir: Path) -> RunData:
             if (d / "link_check.json").exists() else [],
             transfers=pd.DataFrame(transfers),
             cost=json.loads((d / "cost.json").read_text()) if (d / "cost.json").exists() else {},
+            pacing=pd.DataFrame(pacing),
         )  # fmt: skip
-    return RunData(run_dir, scenario, systems)
+    return RunData(
+        run_dir,
+        scenario,
+        systems,
+        _json(run_dir / "emulation.json"),
+        _json(run_dir / "scenario-target.json"),
+    )
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _server_logs(system_dir: Path, kind: str) -> list[dict]:
+    """Every line of the servers' ``<kind>-<server>.jsonl`` logs, tagged with the server."""
+    return [
+        {**json.loads(line), "server": p.stem.removeprefix(f"{kind}-")}
+        for p in sorted(system_dir.glob(f"{kind}-*.jsonl"))
+        for line in p.read_text().splitlines()
+        if line.strip()
+    ]

@@ -254,5 +254,30 @@ def bench_handoff(
         raise fail(exc) from exc
 
 
+@app.command()
+def plan(
+    scenario: str = typer.Argument("hetero", help="Scenario file or name in scenarios/."),
+    rps: float = typer.Option(None, help="Target load (default: the scenario's plan.target_rps)."),
+) -> None:
+    """Size each design for the scenario's trace under its SLA; print the BCR table."""
+    import tempfile
+
+    from testbed import plan as plan_mod
+    from testbed.net_cli import fail
+    from testbed.scenario import Scenario, ScenarioError
+    from workloads.trace import Trace
+
+    try:
+        sc = Scenario.load(scenario)
+        if rps is not None:
+            sc = sc.model_copy(update={"plan": sc.plan.model_copy(update={"target_rps": rps})})
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Trace.load(sc.workload.materialize(Path(tmp)))
+        rows = plan_mod.rows(plan_mod.plan_all(plan_mod.inputs(sc, trace)), sc.plan.target_rps)
+    except (ScenarioError, ValueError) as exc:
+        raise fail(exc) from exc
+    console.print(plan_mod.table(rows, sc))
+
+
 if __name__ == "__main__":
     app()

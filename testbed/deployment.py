@@ -29,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from testbed.emulation import for_testbed, pacing_env, record
 from testbed.model import describe as describe_model
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.scenario import Scenario
@@ -61,6 +62,9 @@ class RunningServer:
 
 class Deployment:
     def __init__(self, scenario: Scenario, system: str, run_dir: Path, net_name: str = "default"):
+        if scenario.emulation is not None:  # servers pace, so the rest runs in testbed time
+            tiny_kv = describe_model(scenario.model.resolve())["kv_bytes_per_token"]
+            scenario = for_testbed(scenario, tiny_kv)
         self.scenario = scenario
         self.system: SystemSpec = get_system(system)
         self.run_dir = Path(run_dir)
@@ -75,6 +79,9 @@ class Deployment:
 
     def transfer_log(self, name: str) -> Path:
         return self.run_dir / f"transfers-{name}.jsonl"
+
+    def pacing_log(self, name: str) -> Path:
+        return self.run_dir / f"pacing-{name}.jsonl"
 
     @property
     def records_path(self) -> Path:
@@ -154,7 +161,8 @@ class Deployment:
                     mem_fraction_static=cfg.mem_fraction_static, bootstrap_port=cfg.bootstrap_port,
                     decode_radix_cache=cfg.decode_radix_cache, extra_args=tuple(cfg.extra_args),
                     cpus=self._server_cpus(role),
-                    extra_env=server_env(cfg, self.transfer_log(name), self._handoff_port(role)),
+                    extra_env=server_env(cfg, self.transfer_log(name), self._handoff_port(role))
+                    + pacing_env(self.scenario, self.net.site(host), str(self.pacing_log(name))),
                 )  # fmt: skip
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
                 self.servers.append(RunningServer(name, role, host, self.net.site(host), server))
@@ -231,6 +239,7 @@ class Deployment:
             "policy": self.system.policy,
             "model": str(model),
             "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
+            "emulation": record(self.scenario, describe_model(model)["kv_bytes_per_token"]),
             "servers": [{"name": s.name, "role": s.role, "host": s.host, "site": s.site,
                          "url": s.spec.url, "argv": s.spec.argv()} for s in self.servers],
             "router": self.router_url,

@@ -19,6 +19,8 @@ from pydantic import (
 
 from reports.cost import CostTable
 from reports.sla import SLA
+from testbed.emulation import EmulationSpec
+from testbed.plan import PlanSpec
 from testbed.router.config import PddConfig
 from topologies.spec import NetworkSpec
 
@@ -173,11 +175,25 @@ class Scenario(BaseModel):
         default_factory=lambda: ["colocated", "same_site_pd", "cross_site_pd"],
         description="Systems to compare (see testbed.systems).",
     )
+    emulation: EmulationSpec | None = Field(
+        None,
+        description="Stand for target chips running a target model: paced forward passes "
+        "and a dilated network (see testbed.emulation); times here are then the target's.",
+    )
+    plan: PlanSpec = Field(
+        default_factory=PlanSpec, description="The capacity planner's search (testbed plan)."
+    )
     sweep: dict[str, list] = Field(
         default_factory=dict,
         description="Bench every combination of these values: dotted scenario field → "
         "values, e.g. network.wan.rate_mbit: [25, 100]. Each point is a full scenario.",
     )
+
+    @model_validator(mode="after")
+    def _emulation_profiles_exist(self) -> Scenario:
+        if self.emulation is not None:
+            self.emulation.check_profiles(self.cost.site_accelerators)
+        return self
 
     @model_validator(mode="after")
     def _sweep_points_valid(self) -> Scenario:

@@ -10,6 +10,7 @@ turns follow closed-loop after a think time.
 
 ``length_scale``/``time_scale`` shrink paper-sized contexts and pauses to fit a small
 machine; both are recorded in the trace's metadata. Same config (seed) → same trace.
+``fixed_hit`` replaces sessions by single requests at one prefix-hit ratio (the bathtub).
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class AgenticConfig:
     length_scale: float = 1.0
     time_scale: float = 1.0
     seed: int = 0
+    # The bathtub's workload: instead of sessions, single requests of fixed_hit_input
+    # tokens whose first fixed_hit share is one prefix shared by all (cached after the
+    # first request), the rest new; outputs as above.
+    fixed_hit: float | None = None
+    fixed_hit_input: int = 4096
 
     def __post_init__(self) -> None:
         shares = self.hit_high[0] + self.hit_mid[0] + self.hit_low[0]
@@ -50,6 +56,8 @@ class AgenticConfig:
             raise ValueError("anomalous_share must be in [0, 0.5)")
         if self.block_tokens < 1 or self.length_scale <= 0 or self.time_scale <= 0:
             raise ValueError("block_tokens, length_scale and time_scale must be positive")
+        if self.fixed_hit is not None and not 0 <= self.fixed_hit < 1:
+            raise ValueError(f"fixed_hit must be in [0, 1), got {self.fixed_hit}")
 
 
 class _Blocks:
@@ -73,6 +81,8 @@ def generate(config: AgenticConfig = AgenticConfig(), name: str = "agentic") -> 
     def scaled_time(lo_hi: tuple[float, float]) -> float:
         return rng.uniform(*lo_hi) * config.time_scale
 
+    if config.fixed_hit is not None:
+        return _fixed_hit(config, rng, blocks, n_blocks, name)
     system = blocks.take(n_blocks(config.system_prompt_tokens))
     max_blocks = n_blocks(config.max_context_tokens)
     requests: list[Request] = []
@@ -112,6 +122,26 @@ def generate(config: AgenticConfig = AgenticConfig(), name: str = "agentic") -> 
         "length_scale": config.length_scale,
         "time_scale": config.time_scale,
     }
+    return Trace(name, bt, requests, metadata)
+
+
+def _fixed_hit(config: AgenticConfig, rng: random.Random, blocks, n_blocks, name) -> Trace:
+    bt, total = config.block_tokens, n_blocks(config.fixed_hit_input)
+    shared = blocks.take(round(total * config.fixed_hit))
+    requests, start = [], 0.0
+    for s in range(config.sessions):
+        start += rng.expovariate(1.0 / config.session_gap_s) * config.time_scale
+        prompt = shared + blocks.take(max(1, total - len(shared)))
+        out = n_blocks(math.exp(rng.uniform(*map(math.log, config.output_tokens))))
+        requests.append(Request(
+            request_id=f"s{s}t0", session_id=f"s{s}", turn=0, hash_ids=prompt,
+            input_length=len(prompt) * bt, output_length=out * bt, arrival_s=start,
+            output_hash_ids=blocks.take(out),
+        ))  # fmt: skip
+    metadata = {
+        "source": "generator", "generator": "fixed_hit", "config": asdict(config),
+        "length_scale": config.length_scale, "time_scale": config.time_scale,
+    }  # fmt: skip
     return Trace(name, bt, requests, metadata)
 
 

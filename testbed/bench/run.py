@@ -22,7 +22,9 @@ from rich.table import Table
 from reports.render import write_report, write_sweep_report
 from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
+from testbed import emulation
 from testbed.deployment import Deployment
+from testbed.model import describe as describe_model
 from testbed.router.pdd import HANDOFF_AT_HEADER, HANDOFF_MODE_HEADER
 from testbed.router.policies import P_RLD_MD, PIPELINE_HEADER
 from testbed.scenario import Scenario
@@ -34,9 +36,13 @@ NET_NAME = "bench"
 
 
 def system_cost(deployment: Deployment, scenario: Scenario) -> dict:
-    """Each server counts as one accelerator of its site's type; one line if sites differ."""
+    """Each server counts as one accelerator of its site's type (emulation: as many as
+    it stands for); one WAN line if the servers span two sites."""
     types = scenario.cost.site_accelerators
-    counts = Counter(types.get(s.site, f"site-{s.site}") for s in deployment.servers)
+    chips = scenario.emulation.chips_per_server if scenario.emulation else 1
+    counts = Counter()
+    for s in deployment.servers:
+        counts[types.get(s.site, f"site-{s.site}")] += chips
     sites = {s.site for s in deployment.servers}
     return {"accelerators": dict(counts), "wan_lines": 1 if len(sites) > 1 else 0}
 
@@ -128,11 +134,7 @@ def run_bench(
     run_dir = out / time.strftime(f"bench-{scenario.name}-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     systems = systems or scenario.systems
-    trace = scenario.workload.materialize(run_dir)  # the same trace for every system
-    console.print(
-        f"bench {scenario.name}: systems {', '.join(systems)}; trace {trace}; "
-        f"run directory {run_dir}"
-    )
+    console.print(f"bench {scenario.name}: systems {', '.join(systems)}; run directory {run_dir}")
     points = scenario.points()
     if scenario.sweep:
         sweep = {"sweep": scenario.sweep, "points": [label for label, _ in points]}
@@ -141,16 +143,27 @@ def run_bench(
     for i, (label, point) in enumerate(points):
         if label:
             console.rule(f"sweep point {i + 1}/{len(points)}: {label}")
-        run_point(point, run_dir / label if label else run_dir, trace, systems, console)
+        run_point(point, run_dir / label if label else run_dir, systems, console)
     if scenario.sweep:
         console.print(f"sweep report: {write_sweep_report(run_dir)}")
     return run_dir
 
 
-def run_point(
-    scenario: Scenario, run_dir: Path, trace: Path, systems: list[str], console: Console
-) -> None:
+def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Console) -> None:
+    """Every system on one scenario (one sweep point) and the same trace."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    tiny_kv = describe_model(scenario.model.resolve())["kv_bytes_per_token"]
+    emulated = emulation.record(scenario, tiny_kv)
+    if emulated:
+        (run_dir / "emulation.json").write_text(json.dumps(emulated, indent=2))
+        (run_dir / "scenario-target.json").write_text(scenario.model_dump_json(indent=2))
+        scenario = emulation.for_testbed(scenario, tiny_kv)
+        console.print(
+            f"emulation: {emulated['model']} on {emulated['site_devices']}, "
+            f"{emulated['chips_per_server']} chips per server; time dilation "
+            f"x{emulated['dilation']:g}; WAN rate x{emulated['kv_scale']:.3f} for KV size"
+        )
+    trace = scenario.workload.materialize(run_dir)  # the same trace for every system
     data = scenario.model_dump(mode="json")
     data["systems"] = systems
     (run_dir / "scenario.json").write_text(json.dumps(data, indent=2))

@@ -4,7 +4,8 @@ After a request that ended on MD (or was settled there), ``remember`` tells the 
 prefix mirror what MD now caches and, with ``align_prefill_cache``, has P cache the
 same exchange (a prefill with SGLang's fake transfer: nothing is sent), so P's and
 MD's hit ratios stay aligned over a session. A session's next request waits for the
-previous one's alignment (``before``/``after``).
+previous one's alignment, or for its settling on MD when relay decode finished it
+(``before``/``after``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ class AfterRequest:
         # session → done once P caches the session's last exchange (set when the
         # request starts, so a next turn sent the moment the stream ends still waits)
         self.pending: dict[str, asyncio.Future] = {}
+        # id(record) → settle_on_md's task, for requests relay decode finished first
+        self.settling: dict[int, asyncio.Task] = {}
+        # how long a next turn waits: a settle may take up to its own timeout
+        pdd = router.config.pdd if router is not None else None
+        self.wait_s = pdd.settle_timeout_s + 5 if pdd is not None else 30.0
 
     async def before(self, session: str | None) -> asyncio.Future | None:
         """Wait until P caches the session's previous exchange; returns this request's
@@ -40,7 +46,7 @@ class AfterRequest:
         mine = self.pending[session] = asyncio.get_running_loop().create_future()
         if previous is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(previous), 30)
+                await asyncio.wait_for(asyncio.shield(previous), self.wait_s)
             except Exception as exc:  # alignment is an optimisation; never fail a request
                 logger.warning("aligning P's cache for session %s: %r", session, exc)
         return mine
@@ -48,7 +54,9 @@ class AfterRequest:
     def after(
         self, route: Route | None, body: dict, record: RequestRecord, done: asyncio.Future | None
     ) -> None:
-        task = self._after(route, body, record) if route is not None else None
+        task = self.settling.pop(id(record), None)
+        if task is None and route is not None:
+            task = self._after(route, body, record)
         if done is None or done.done():
             return
         if task is None:

@@ -147,8 +147,9 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
             text = (await rld_resp.text())[:300]
             raise UpstreamError(f"relay decode answered {rld_resp.status}: {text}")
         handed, batches, mode, inflight = 0, 0, None, None
-        # Experiments and tests pin the handoff: exactly at this many eager tokens
-        # (sent even before MD holds the KV; MD applies it once it does), in this mode.
+        # Experiments and tests pin the handoff: at this many eager tokens (just past it
+        # when one stream chunk carries several tokens; sent even before MD holds the
+        # KV, MD applies it once it does), in this mode.
         forced_at = int(request.headers.get(HANDOFF_AT_HEADER, 0)) or None
         forced_mode = request.headers.get(HANDOFF_MODE_HEADER)
         limit = max_new_tokens(body)
@@ -215,7 +216,8 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
             if record.handoff_mode == "none" and len(tokens) >= 2:
                 settle = settle_on_md(router, route, body, record.session_id, channel,
                                       (ready, prefill_task, md_task), list(tokens))  # fmt: skip
-                router.background(settle)
+                # The session's next turn waits for it, so P's and MD's caches agree.
+                router.after.settling[id(record)] = router.background(settle)
                 channel = None  # the settle task owns MD's side from here
             return out.response
         record.handoff_mode = mode
@@ -275,7 +277,8 @@ async def settle_on_md(
     its end instead of being cut, MD gets all eager tokens but the last (it decodes
     that one itself: one extend forward, one decode step), and once MD's output equals
     what the client got, the mirror and P's cache learn the exchange like after any
-    request that ended on MD. A session's next turn does not wait for this."""
+    request that ended on MD. A session's next turn waits for this (at most
+    ``settle_timeout_s``), as it waits for P's cache after any request."""
     from testbed.router.app import _lines
 
     ready, _, md_task = tasks
@@ -304,7 +307,9 @@ async def settle_on_md(
                 break
         if ids != tokens:
             raise HandoffError(f"main decode's {len(ids)} tokens differ from relay decode's")
-        router.after.remember(route, body, session, tokens)
+        aligning = router.after.remember(route, body, session, tokens)
+        if aligning is not None:
+            await aligning
     except Exception as exc:  # an optimisation off the client's path: log, never raise
         logger.info("settling room %s on main decode: %r", channel.room, exc)
     finally:

@@ -36,7 +36,7 @@ def test_an_extend_costs_about_a_loaded_decode_step_not_a_prefill():
     # costs about one such step (PDD's "nearly free" on a busy main decode).
     extend = step_time(EXTEND, B, MODEL, 8).seconds
     assert extend < 2 * step_time(DECODE, B, MODEL, 8).seconds
-    assert extend < step_time(PREFILL, B, MODEL, 8).seconds / 10
+    assert extend < step_time(PREFILL, B, MODEL, 8).seconds / 5
 
 
 def test_time_scales_with_chips_and_batches_need_a_context_each():

@@ -19,7 +19,19 @@ from testbed.scenario import Scenario
 
 pytestmark = [pytest.mark.sglang, pytest.mark.netns]
 
-SECTIONS = ["checks", "ttft", "itl", "goodput", "wan", "hits", "routing", "relay", "paper", "links"]
+SECTIONS = [
+    "checks",
+    "ttft",
+    "itl",
+    "goodput",
+    "wan",
+    "hits",
+    "routing",
+    "relay",
+    "paper",
+    "emulation",
+    "links",
+]
 
 
 def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):

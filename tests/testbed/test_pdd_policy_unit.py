@@ -88,3 +88,31 @@ def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
         assert after.pending == {}  # a session's bookkeeping ends with its last turn
 
     asyncio.run(two_turns())
+
+
+def test_a_next_turn_waits_for_its_previous_turn_to_settle_on_md():
+    """When relay decode finished a turn, MD and then P learn its exchange off the
+    client's path (settle_on_md); the session's next turn must wait for that, or P and
+    MD would serve it from different caches. The settle task here is a stand-in that
+    only sleeps."""
+    import asyncio
+
+    from reports.records import RequestRecord
+    from testbed.router.after import AfterRequest
+
+    async def two_turns():
+        after = AfterRequest(router=None)
+        first = await after.before("s")
+        record = RequestRecord(
+            request_id="r", system="pdd", endpoint="/generate", arrival=0, session_id="s"
+        )
+        settle = asyncio.create_task(asyncio.sleep(0.3))
+        after.settling[id(record)] = settle
+        after.after(None, {}, record, first)  # the client's stream is done
+        second = asyncio.create_task(after.before("s"))
+        await asyncio.sleep(0.1)
+        assert not second.done()  # still settling
+        await asyncio.wait_for(second, 1.0)
+        assert settle.done() and after.settling == {}
+
+    asyncio.run(two_turns())

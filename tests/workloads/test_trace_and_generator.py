@@ -93,3 +93,13 @@ def test_same_seed_same_trace_other_seed_other_trace(tmp_path):
 def test_invalid_generator_config_is_refused():
     with pytest.raises(ValueError, match="shares must sum to 1"):
         AgenticConfig(hit_high=(0.5, 0.95, 0.99))
+
+
+def test_fixed_hit_requests_share_exactly_that_prefix():
+    trace = generate(AgenticConfig(fixed_hit=0.75, fixed_hit_input=1024, sessions=6, seed=3))
+    assert trace.metadata["generator"] == "fixed_hit"
+    assert all(r.input_length == 1024 and r.turn == 0 for r in trace.requests)
+    hits = hit_ratios(trace)
+    assert hits[0] == 0 and list(hits[1:]) == [0.75] * 5  # after the first, one shared prefix
+    with pytest.raises(ValueError, match="fixed_hit"):
+        AgenticConfig(fixed_hit=1.0)

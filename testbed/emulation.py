@@ -1,0 +1,125 @@
+"""Emulation mode (issue 8): servers stand for target chips running a target model.
+
+A scenario's ``emulation:`` block names the target model; each site's servers stand for
+``chips_per_server`` chips of the type ``cost.site_accelerators`` gives the site. Its
+times (SLA, WAN delay, PDD's time knobs, the workload's pauses) are the target's.
+Two factors turn it into what the testbed runs (``for_testbed``):
+
+- **time dilation k**: every forward pass is paced to k x its modelled time (the CPU
+  running the tiny model is slower than the chip it stands for), so every other time
+  is stretched by k too: WAN delay and jitter x k, WAN rate / k, SLA bounds x k,
+  think times x k. Latencies in the run are k x the target's; rates are / k.
+- **KV scale**: the tiny model's KV bytes per token stand for the target's; rather
+  than padding transfers, the WAN rate is multiplied by tiny/target, so a transfer
+  takes the time the target's KV would. Every byte on the wire stays real and the
+  userspace link emulator moves no padding (see docs/heterogeneous.md).
+
+Both factors are recorded in ``emulation.json`` and the manifest of every run.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine_patches.pacing.hook import ENV, Pacing
+from testbed.profiles import devices, models
+
+
+class EmulationSpec(BaseModel):
+    """``emulation:`` in a scenario."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(..., description="Target model (profiles/models.yaml).")
+    chips_per_server: int = Field(8, ge=1, description="Chips each server stands for.")
+    dilation: float = Field(
+        10.0, ge=1, description="Time dilation k: the testbed runs k times slower."
+    )
+    applied: bool = Field(
+        False,
+        description="Set by the bench in a run's stored scenario: its times are already "
+        "dilated (testbed time). Leave false in scenario files (target time).",
+    )
+
+    def check_profiles(self, site_accelerators: dict[str, str]) -> None:
+        if self.model not in models():
+            raise ValueError(
+                f"emulation.model {self.model!r} is not in profiles/models.yaml "
+                f"(known: {', '.join(models())})"
+            )
+        missing = sorted(set(site_accelerators.values()) - set(devices()))
+        if missing:
+            raise ValueError(
+                f"cost.site_accelerators name {missing}, which profiles/devices.yaml does "
+                f"not describe (known: {', '.join(devices())}); emulation needs both"
+            )
+
+
+def kv_scale(spec: EmulationSpec, tiny_kv_bytes_per_token: int) -> float:
+    """Multiplier on the WAN rate so tiny-model KV takes the target KV's time."""
+    return tiny_kv_bytes_per_token / models()[spec.model].kv_bytes_per_token
+
+
+def for_testbed(scenario, tiny_kv_bytes_per_token: int):
+    """The scenario in testbed time; unchanged without emulation (or if applied)."""
+    spec = scenario.emulation
+    if spec is None or spec.applied:
+        return scenario
+    k, scale = spec.dilation, kv_scale(spec, tiny_kv_bytes_per_token)
+    wan = scenario.network.wan
+    data = scenario.model_dump()
+    data["emulation"]["applied"] = True
+    data["network"]["wan"].update(
+        rate_mbit=wan.rate_mbit * scale / k if wan.rate_mbit else wan.rate_mbit,
+        delay_ms=wan.delay_ms * k,
+        jitter_ms=wan.jitter_ms * k,
+    )
+    data["sla"].update(ttft_s=_times(scenario.sla.ttft_s, k), itl_s=_times(scenario.sla.itl_s, k))
+    pdd = data["pdd"]
+    pdd["direct_wan_bound_s"] *= k
+    pdd["settle_timeout_s"] *= k
+    data["servers"]["kv_idle_timeout_s"] *= k
+    generator = data["workload"]["generator"]
+    generator["time_scale"] = generator.get("time_scale", 1.0) * k
+    return type(scenario).model_validate(data)
+
+
+def _times(value: float | None, k: float) -> float | None:
+    return None if value is None else value * k
+
+
+def record(scenario, tiny_kv_bytes_per_token: int) -> dict:
+    """What a run stores about its emulation (empty without one)."""
+    spec = scenario.emulation
+    if spec is None:
+        return {}
+    return {
+        "model": spec.model,
+        "chips_per_server": spec.chips_per_server,
+        "dilation": spec.dilation,
+        "kv_scaling": "wan_rate",
+        "kv_scale": kv_scale(spec, tiny_kv_bytes_per_token),
+        "tiny_kv_bytes_per_token": tiny_kv_bytes_per_token,
+        "target_kv_bytes_per_token": models()[spec.model].kv_bytes_per_token,
+        "site_devices": dict(scenario.cost.site_accelerators),
+        "devices": {
+            name: devices()[name].model_dump()
+            for name in sorted(set(scenario.cost.site_accelerators.values()))
+        },
+    }
+
+
+def pacing_env(scenario, site: str, log_path: str) -> tuple[tuple[str, str], ...]:
+    """The environment that makes one server of ``site`` pace its passes."""
+    spec = scenario.emulation
+    if spec is None:
+        return ()
+    if site not in scenario.cost.site_accelerators:
+        raise ValueError(
+            f"emulation: site {site!r} has servers but no cost.site_accelerators entry, "
+            "so no chip to stand for"
+        )
+    chip = devices()[scenario.cost.site_accelerators[site]].chip()
+    target = models()[spec.model].target()
+    pacing = Pacing(chip, target, spec.chips_per_server, spec.dilation, log_path)
+    return ((ENV, pacing.to_env()),)

@@ -1,0 +1,82 @@
+"""Emulation mode's scenario side: the dilated view a bench runs, what a run records,
+and the clear errors for profiles that do not exist."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine_patches.pacing.hook import ENV, Pacing
+from testbed.emulation import EmulationSpec, for_testbed, pacing_env, record
+from testbed.scenario import Scenario, ScenarioError
+
+TINY_KV = 8192
+
+
+def test_the_testbed_view_dilates_every_time_and_scales_the_wan_rate():
+    target = Scenario.load("hetero")
+    k = target.emulation.dilation
+    run = for_testbed(target, TINY_KV)
+    scale = TINY_KV / 50_000
+    assert run.network.wan.rate_mbit == pytest.approx(target.network.wan.rate_mbit * scale / k)
+    assert run.network.wan.delay_ms == pytest.approx(target.network.wan.delay_ms * k)
+    assert run.network.wan.jitter_ms == pytest.approx(target.network.wan.jitter_ms * k)
+    assert run.network.wan.loss_pct == target.network.wan.loss_pct
+    assert (run.sla.ttft_s, run.sla.itl_s) == pytest.approx((target.sla.ttft_s * k, 0.03 * k))
+    assert run.pdd.direct_wan_bound_s == pytest.approx(target.pdd.direct_wan_bound_s * k)
+    assert run.workload.generator["time_scale"] == pytest.approx(k)
+    # A 100-token KV transfer takes the target's time x k on the dilated link.
+    target_s = 100 * 50_000 * 8 / (target.network.wan.rate_mbit * 1e6)
+    run_s = 100 * TINY_KV * 8 / (run.network.wan.rate_mbit * 1e6)
+    assert run_s == pytest.approx(k * target_s)
+    assert run.emulation.applied and for_testbed(run, TINY_KV) == run  # applied once
+
+
+def test_without_emulation_nothing_changes():
+    sc = Scenario.load("default")
+    assert for_testbed(sc, TINY_KV) is sc
+    assert record(sc, TINY_KV) == {} and pacing_env(sc, "A", "/tmp/p") == ()
+
+
+def test_a_run_records_the_dilation_and_the_kv_scaling():
+    rec = record(Scenario.load("hetero"), TINY_KV)
+    assert rec["kv_scaling"] == "wan_rate" and rec["kv_scale"] == pytest.approx(TINY_KV / 50_000)
+    assert rec["dilation"] == 20 and rec["site_devices"] == {"A": "GPU-A", "B": "GPU-B"}
+    assert set(rec["devices"]) == {"GPU-A", "GPU-B"}
+    json.dumps(rec)  # stored as JSON
+
+
+def test_each_site_paces_as_its_own_chip():
+    sc = Scenario.load("hetero")
+    ((name, a_env),) = pacing_env(sc, "A", "/tmp/a")
+    ((_, b_env),) = pacing_env(sc, "B", "/tmp/b")
+    assert name == ENV
+    a, b = Pacing.from_env(a_env), Pacing.from_env(b_env)
+    assert a.chip.peak_tflops > b.chip.peak_tflops  # prefill-strong A
+    assert b.chip.memory_bandwidth_tbps > a.chip.memory_bandwidth_tbps  # decode-strong B
+    assert a.chips == b.chips == 16 and a.dilation == 20
+    with pytest.raises(ValueError, match="site 'C'"):
+        pacing_env(sc, "C", "/tmp/c")
+
+
+@pytest.mark.parametrize(
+    "emulation, cost, message",
+    [
+        ({"model": "2T-dense"}, {}, "emulation.model '2T-dense' is not in profiles"),
+        ({"model": "1T-moe"},
+         {"table": {"accelerators": {"GPU-Z": 1.0}}, "site_accelerators": {"A": "GPU-Z"}},
+         "GPU-Z"),
+        ({"model": "1T-moe", "dilation": 0.5}, {}, "greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_invalid_emulation_is_refused_before_anything_starts(tmp_path, emulation, cost, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(json.dumps({"emulation": emulation, "cost": cost}))
+    with pytest.raises(ScenarioError, match=message):
+        Scenario.load(path)
+
+
+def test_emulation_spec_defaults():
+    spec = EmulationSpec(model="1T-moe")
+    assert (spec.chips_per_server, spec.dilation, spec.applied) == (8, 10.0, False)
