@@ -9,9 +9,9 @@ designs are compared with the same-site homogeneous baseline (PDD.md's cost tabl
 The model, stated:
 - prefill batches chunks of ``chunk_tokens`` across requests; an instance serves
   chunk / (pass time) tokens per second, loaded to at most ``max_utilization``;
-  a request's TTFT is its own share of passes, an M/D/1 queueing wait, one decode
-  step, and, where the first token waits for the WAN (cross-site PD), its KV's time
-  on its line;
+  a request's TTFT is its own share of passes, an M/D/1 queueing wait and, where
+  the first token waits for the WAN (cross-site PD, PDD's direct P->MD), its KV's
+  time on its line;
 - decode runs the largest batch whose step fits the ITL bound and whose KV fits the
   memory the weights leave; instances = output tokens per second / batch throughput;
 - the trace is sized back up by its generator's ``length_scale`` (a testbed runs a
