@@ -13,7 +13,7 @@ import json
 import time
 import uuid
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 from engine_patches.kv_transfer.rooms import new_room
 from reports.records import RecordWriter, RequestRecord
@@ -50,7 +50,13 @@ class Router:
         return app
 
     async def _start(self, app) -> None:
-        self.session = ClientSession(timeout=ClientTimeout(total=self.config.upstream_timeout_s))
+        # SGLang's HTTP server (uvicorn) closes idle keep-alive connections after 5 s; a
+        # request sent on one as it closes fails with "Server disconnected" (seen with
+        # think times of a few seconds). Closing them first, at 2 s, avoids the race.
+        self.session = ClientSession(
+            timeout=ClientTimeout(total=self.config.upstream_timeout_s),
+            connector=TCPConnector(keepalive_timeout=2.0),
+        )
 
     async def _stop(self, app) -> None:
         for task in self._background:
@@ -162,7 +168,10 @@ class Router:
     ) -> web.StreamResponse:
         stream = bool(body.get("stream"))
         response: web.StreamResponse | None = None
-        upstream = await self.session.post(server.url + request.path, json=body)
+        # A PD decode server answers only once it has the KV: if the prefill fails
+        # first, fail now instead of when the transfer times out.
+        upstream = await _read_or_abort(self.session.post(server.url + request.path, json=body),
+                                        abort_if)  # fmt: skip
         try:
             if not stream or upstream.status != 200:
                 text = await _read_or_abort(upstream.text(), abort_if)
@@ -238,7 +247,11 @@ async def _read_or_abort(coro, abort_if: asyncio.Task | None):
     done, _ = await asyncio.wait({task, abort_if}, return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         return task.result()
-    _raise_if_failed(abort_if)
+    try:
+        _raise_if_failed(abort_if)
+    except UpstreamError:
+        task.cancel()  # closes the upstream connection: the server drops the request
+        raise
     return await task
 
 

@@ -125,7 +125,7 @@ class Chunk:
 
 async def serve_relayed(router, request, body: dict, route: Route, record: RequestRecord):
     """P->RLD->MD for one request; returns the client's response."""
-    from testbed.router.app import UpstreamError, _lines
+    from testbed.router.app import UpstreamError, _lines, _read_or_abort
 
     pdd, path = router.config.pdd, request.path
     prefill, rld, md = route.prefill, route.stream_from, route.main_decode
@@ -142,7 +142,8 @@ async def serve_relayed(router, request, body: dict, route: Route, record: Reque
     out = ClientStream(request, bool(body.get("stream")), record)
     tokens: list[int] = []
     try:
-        rld_resp = await router.session.post(rld.url + path, json=pd_body)
+        rld_resp = await _read_or_abort(router.session.post(rld.url + path, json=pd_body),
+                                        prefill_task)  # fmt: skip
         if rld_resp.status != 200:
             text = (await rld_resp.text())[:300]
             raise UpstreamError(f"relay decode answered {rld_resp.status}: {text}")

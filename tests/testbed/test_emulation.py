@@ -40,9 +40,13 @@ def test_without_emulation_nothing_changes():
 
 
 def test_a_run_records_the_dilation_and_the_kv_scaling():
-    rec = record(Scenario.load("hetero"), TINY_KV)
+    sc = Scenario.load("hetero")
+    rec = record(sc, TINY_KV)
     assert rec["kv_scaling"] == "wan_rate" and rec["kv_scale"] == pytest.approx(TINY_KV / 50_000)
-    assert rec["dilation"] == 20 and rec["site_devices"] == {"A": "GPU-A", "B": "GPU-B"}
+    assert rec["dilation"] == sc.emulation.dilation and rec["site_devices"] == {
+        "A": "GPU-A",
+        "B": "GPU-B",
+    }
     assert set(rec["devices"]) == {"GPU-A", "GPU-B"}
     json.dumps(rec)  # stored as JSON
 
@@ -55,7 +59,7 @@ def test_each_site_paces_as_its_own_chip():
     a, b = Pacing.from_env(a_env), Pacing.from_env(b_env)
     assert a.chip.peak_tflops > b.chip.peak_tflops  # prefill-strong A
     assert b.chip.memory_bandwidth_tbps > a.chip.memory_bandwidth_tbps  # decode-strong B
-    assert a.chips == b.chips == 16 and a.dilation == 20
+    assert a.chips == b.chips == 16 and a.dilation == b.dilation == sc.emulation.dilation
     with pytest.raises(ValueError, match="site 'C'"):
         pacing_env(sc, "C", "/tmp/c")
 

@@ -88,3 +88,23 @@ def test_bathtub_model_has_tail_chunk_dips_and_a_valley():
     # Benefit: high at both ends, lower in the middle.
     middle = benefit[(hits > 0.3) & (hits < 0.8)].min()
     assert middle < benefit[0] and middle < benefit[-1]
+
+
+def test_plan_command_prints_the_table_and_refuses_bad_input(tmp_path):
+    import subprocess
+    import sys
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "testbed.cli", "plan", *args],
+            capture_output=True, text=True, timeout=120, env={"COLUMNS": "160", "PATH": ""},
+        )  # fmt: skip
+
+    done = run("hetero", "--rps", "100")
+    assert done.returncode == 0, done.stderr[-2000:]
+    for word in ("same_site_pd", "cross_site_pd", "pdd", "baseline", "GPU-B", "Gbit/s"):
+        assert word in done.stdout, word
+    bad = tmp_path / "one_site.yaml"
+    bad.write_text("cost: {site_accelerators: {A: GPU-A}}\n")
+    done = run(str(bad))
+    assert done.returncode != 0 and "sites A and B" in done.stdout + done.stderr
