@@ -67,8 +67,8 @@ def load_run(run_dir: Path) -> RunData:
     systems = {}
     for name in scenario.get("systems", []):
         d = run_dir / name
-        if not (d / "manifest.json").exists():
-            continue  # a system that did not run (its failure is in the bench log)
+        if not (d / "manifest.json").exists() or (d / "INCOMPLETE").exists():
+            continue  # a system that did not run, or was cut short (see the bench log)
         transfers, pacing = _server_logs(d, "transfers"), _server_logs(d, "pacing")
         systems[name] = SystemRun(
             name=name,

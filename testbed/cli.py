@@ -192,6 +192,13 @@ def bench(
         run_bench(Scenario.load(scenario), out, console, system or None)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
+    except KeyboardInterrupt:
+        console.print(
+            "[red]interrupted:[/red] the running system's servers, router and network were "
+            "torn down; its directory is marked INCOMPLETE and reports leave it out "
+            "(testbed report RUN_DIR builds one from the systems that finished)"
+        )
+        raise typer.Exit(130) from None
 
 
 def _interrupt(signum, frame):

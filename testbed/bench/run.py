@@ -47,10 +47,22 @@ def system_cost(deployment: Deployment, scenario: Scenario) -> dict:
     return {"accelerators": dict(counts), "wan_lines": 1 if len(sites) > 1 else 0}
 
 
+INCOMPLETE = "INCOMPLETE"  # in a system's directory: its run was cut short; reports skip it
+
+
 def run_system(
     scenario: Scenario, system: str, trace: Path, run_dir: Path, console: Console
 ) -> None:
     out = run_dir / system
+    try:
+        _run_system(scenario, system, trace, out, console)
+    except BaseException as exc:  # failed or interrupted: never passed off as complete
+        out.mkdir(parents=True, exist_ok=True)
+        (out / INCOMPLETE).write_text(f"{type(exc).__name__}: {exc}\n")
+        raise
+
+
+def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console: Console) -> None:
     with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
         deployment = Deployment(scenario, system, out, NET_NAME).up()
     try:
