@@ -73,6 +73,7 @@ def bathtub(run: RunData, shape: tuple[int, int] | None = None) -> pd.DataFrame:
     output tokens at full size): the trace's own for a fixed-hit trace, else PDD.md's
     64K input and 256 output tokens."""
     from testbed import plan as planner
+    from testbed.bathtub import bathtub as model
 
     trace = _trace(run)
     if trace is None:
@@ -83,7 +84,7 @@ def bathtub(run: RunData, shape: tuple[int, int] | None = None) -> pd.DataFrame:
         if trace.metadata.get("generator") == "fixed_hit":
             first = max(x.requests, key=lambda r: r.n_in)
             shape = (first.n_in, int(np.mean([r.n_out for r in x.requests])))
-    frame = pd.DataFrame(planner.bathtub(x, *shape, BATHTUB_HITS, HIT_PRICE))
+    frame = pd.DataFrame(model(x, *shape, BATHTUB_HITS, HIT_PRICE))
     for col in ("throughput_per_cost", "benefit_per_cost"):
         frame[col] = frame[col] / frame[col].iloc[0]  # relative to no hit
     return frame

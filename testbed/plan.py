@@ -94,6 +94,15 @@ class Inputs:
     def device(self, name: str) -> Device:
         return next(d for d in self.devices.values() if d.name == name)
 
+    @property
+    def decode_context(self) -> float:
+        """Mean context a decode step attends over (input and half the output)."""
+        return float(np.mean([r.n_in + r.n_out / 2 for r in self.requests]))
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.spec.target_rps * float(np.mean([r.n_out for r in self.requests]))
+
 
 @dataclass
 class Pool:
@@ -210,8 +219,7 @@ def _cost(x: Inputs, pools: list[Pool], lines: int, gbps: float) -> float:
 def plan_same_site(x: Inputs) -> Plan:
     """Same-site homogeneous PD: prefill and decode both on site A's chips."""
     a = x.devices["A"]
-    out_tps = x.spec.target_rps * np.mean([r.n_out for r in x.requests])
-    ctx = float(np.mean([r.n_in + r.n_out / 2 for r in x.requests]))
+    out_tps, ctx = x.output_tokens_per_s, x.decode_context
     plans = []
     for cp in x.spec.chips_per_instance:
         n_p, met = size_prefill(x, a, cp, np.zeros(len(x.requests)))
@@ -227,8 +235,7 @@ def plan_same_site(x: Inputs) -> Plan:
 def plan_cross_site(x: Inputs) -> Plan:
     """Cross-site PD: decode on site B; the first token waits for the KV on the WAN."""
     a, b = x.devices["A"], x.devices["B"]
-    out_tps = x.spec.target_rps * np.mean([r.n_out for r in x.requests])
-    ctx = float(np.mean([r.n_in + r.n_out / 2 for r in x.requests]))
+    out_tps, ctx = x.output_tokens_per_s, x.decode_context
     plans = []
     for gbps in x.spec.wan_lines:
         lines, wan_s = wan_load(x, gbps, np.ones(len(x.requests), dtype=bool))
@@ -249,7 +256,7 @@ def plan_pdd(x: Inputs) -> Plan:
     reqs = x.requests
     anomalous = np.array([r.anomalous and x.anomalous_finish_on_rld for r in reqs])
     n_out = np.array([r.n_out for r in reqs], dtype=float)
-    ctx = float(np.mean([r.n_in + r.n_out / 2 for r in reqs]))
+    ctx = x.decode_context
     plans = []
     for gbps in x.spec.wan_lines:
         lines, wan_s = wan_load(x, gbps, ~anomalous)
@@ -368,50 +375,4 @@ def table(rows_: list[dict], scenario):
         note = f"\n({r['note']})" if r["note"] else ""
         out.add_row(r["design"], pools + note, r["wan"], f"{r['cost_per_hour']:.1f}",
                     f"{r['bcr']:.3f}", vs)  # fmt: skip
-    return out
-
-
-# -- the bathtub -------------------------------------------------------------------------
-def bathtub(
-    x: Inputs, input_tokens: int, output_tokens: int, hits: np.ndarray, hit_price: float = 0.1
-) -> list[dict]:
-    """Throughput and benefit per unit of cost against the prefix-hit ratio.
-
-    One request shape (``input_tokens`` in, ``output_tokens`` out) at each hit ratio, on
-    site A's chips with prefill and decode capacity in proportion (cost per request =
-    chip-seconds of its prefill passes and of its share of a full decode batch). The
-    uncached tail is prefilled in chunks: full chunks batched across requests at full
-    efficiency, the last partial ("tail") chunk alone, since it cannot be batched with
-    other requests' chunks, at the cost of a pass that reads the weights for few
-    tokens. Just past each multiple of the chunk, throughput drops.
-
-    Benefit = revenue / cost, cached input billed at ``hit_price`` of a miss. The
-    valley: raising the hit ratio cuts revenue at once (hits are billed cheaply) but
-    cuts cost less, because every uncached token attends over a longer cached context;
-    only near full hit does the cost fall fast enough to climb out.
-    """
-    a = x.devices["A"]
-    chips = min(c for c in x.spec.chips_per_instance if holds_weights(a, x.model, c))
-    chunk = x.spec.chunk_tokens
-    b, t = decode_batch(a, x.model, chips, input_tokens + output_tokens / 2, x.itl_s,
-                        x.spec.kv_headroom)  # fmt: skip
-    decode_s = output_tokens * t / max(b, 1)  # instance-seconds per request
-    out = []
-    for h in hits:
-        cached = int(h * input_tokens)
-        uncached = max(input_tokens - cached, 1)
-        full, tail = divmod(uncached, chunk)
-        prefill_s = sum(
-            step_time(Batch((chunk,), (cached + i * chunk,)), a.chip, x.model, chips).seconds
-            for i in range(full)
-        )
-        if tail:
-            start = cached + full * chunk
-            prefill_s += step_time(Batch((tail,), (start,)), a.chip, x.model, chips).seconds
-        cost = (prefill_s + decode_s) * chips * a.price / 3600  # per request
-        revenue = uncached + hit_price * cached + output_tokens  # in miss-token prices
-        out.append({
-            "hit": float(h), "tail_tokens": tail, "prefill_s": prefill_s,
-            "throughput_per_cost": 1 / cost, "benefit_per_cost": revenue / cost,
-        })  # fmt: skip
     return out

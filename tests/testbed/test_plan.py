@@ -7,6 +7,7 @@ import pytest
 
 from engine_patches.pacing.roofline import Chip, TargetModel
 from testbed import plan
+from testbed.bathtub import bathtub
 from testbed.scenario import Scenario
 from workloads.generator import AgenticConfig, generate
 
@@ -77,7 +78,7 @@ def test_bathtub_model_has_tail_chunk_dips_and_a_valley():
     sc = Scenario.load("hetero")
     x = plan.inputs(sc, generate(AgenticConfig(**sc.workload.generator)))
     hits = np.round(np.arange(0, 1.0, 0.01), 2)
-    curve = plan.bathtub(x, 65536, 256, hits)
+    curve = bathtub(x, 65536, 256, hits)
     thr = np.array([c["throughput_per_cost"] for c in curve])
     benefit = np.array([c["benefit_per_cost"] for c in curve])
     # Overall, throughput climbs with hits, but not monotonically: some step up in hit
