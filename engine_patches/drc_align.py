@@ -9,8 +9,9 @@ clears that mark for requests whose rid starts with ``ALIGN_PREFIX`` and nothing
 
 from __future__ import annotations
 
+from protocol.rooms import ALIGN_PREFIX
+
 TARGET = "sglang.srt.managers.schedule_batch.Req.__init__"
-ALIGN_PREFIX = "pdd-align-"
 
 
 def _req_init_after(result, req, *args, **kwargs):

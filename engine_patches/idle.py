@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import time
 
+from protocol.env import Env
+
 TARGET = "sglang.srt.managers.scheduler.Scheduler.on_idle"
-POLL_INTERVAL_S = float(os.environ.get("PDD_PD_POLL_INTERVAL_S", "0.001"))
+POLL_INTERVAL_S = float(os.environ.get(Env.PD_POLL_INTERVAL_S, "0.001"))
 
 
 def on_idle_around(original, scheduler, *args, **kwargs):

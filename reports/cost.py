@@ -24,7 +24,7 @@ class CostTable(BaseModel):
         return self
 
 
-class Deployment(BaseModel):
+class Hardware(BaseModel):
     """What a system costs: accelerators per type, and WAN lines."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

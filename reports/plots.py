@@ -128,8 +128,14 @@ def bathtub(model: pd.DataFrame, measured: pd.DataFrame | None = None) -> str:
     )
     for ax, col, title in panels:
         ax.plot(model["hit"], model[col], label="modelled (roofline)", color="tab:blue")
-        ax.scatter(small["hit"], small[col], s=12, color="tab:red",
-                   label="tail chunk < 1024 tokens", zorder=3)  # fmt: skip
+        ax.scatter(
+            small["hit"],
+            small[col],
+            s=12,
+            color="tab:red",
+            label="tail chunk < 1024 tokens",
+            zorder=3,
+        )
         if measured is not None and col in measured and not measured.empty:
             ax.plot(measured["hit"], measured[col], "o--", color="tab:green", label="measured")
         ax.set(title=title, xlabel="prefix-hit ratio", ylabel="relative to hit = 0")

@@ -9,7 +9,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from reports import emulation, plots
+from reports import hetero, plots
 from reports.run_data import RunData, load_run
 from reports.tables import all_tables, sweep_table
 
@@ -43,27 +43,33 @@ def build(run: RunData) -> str:
     html_tables["latency_rest"] = _html(lat[rest_cols], "latency")
     html_tables["link_check"] = _html(pd.DataFrame(link_rows), "link_check")
     figures = {
-        "ttft_cdf": plots.ttft_cdf(run), "latency": plots.latency_boxes(run),
+        "ttft_cdf": plots.ttft_cdf(run),
+        "latency": plots.latency_boxes(run),
         "wan_bytes": plots.wan_bytes_scatter(run),
         "utilisation": plots.utilisation(tables["wan_utilisation"]),
         "hit_bins": plots.hit_bins(tables["hit_distribution"]),
-    }  # fmt: skip
-    html_tables["pacing"] = _html(emulation.pacing(run), "pacing")
-    html_tables["plan"] = _html(emulation.plan(run), "plan")
+    }
+    html_tables["pacing"] = _html(hetero.pacing(run), "pacing")
+    html_tables["plan"] = _html(hetero.plan(run), "plan")
     if run.emulation:
-        figures["bathtub"] = plots.bathtub(emulation.bathtub(run))
+        figures["bathtub"] = plots.bathtub(hetero.bathtub(run))
     first = next(iter(run.systems.values()), None)
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     template = env.get_template("report.html.j2")
     return template.render(
-        scenario=run.scenario, run_dir=str(run.path), systems=list(run.systems),
+        scenario=run.scenario,
+        run_dir=str(run.path),
+        systems=list(run.systems),
         backend=(first.manifest.get("network", {}).get("backend") if first else None) or "none",
         commit=(first.manifest.get("git_commit") if first else None) or "unknown",
-        tables={k: Markup(v) for k, v in html_tables.items()}, plots=figures,
-        sla=run.scenario["sla"], prices=run.scenario["cost"]["table"],
+        tables={k: Markup(v) for k, v in html_tables.items()},
+        plots=figures,
+        sla=run.scenario["sla"],
+        prices=run.scenario["cost"]["table"],
         site_accelerators=run.scenario["cost"]["site_accelerators"],
-        emulation=run.emulation, target=run.target_scenario,
-    )  # fmt: skip
+        emulation=run.emulation,
+        target=run.target_scenario,
+    )
 
 
 def write_report(run_dir: Path) -> Path:
@@ -85,24 +91,36 @@ def write_sweep_report(run_dir: Path) -> Path:
     frame = sweep_table(points, sweep["sweep"])
     bathtub_table, bathtub_plot = "", None
     if any(k.endswith("fixed_hit") for k in sweep["sweep"]) and points:
-        measured = emulation.measured_bathtub(points)
-        model = emulation.bathtub(next(iter(points.values())))
+        measured = hetero.measured_bathtub(points)
+        model = hetero.bathtub(next(iter(points.values())))
         bathtub_table = _html(measured, "bathtub")
         bathtub_plot = plots.bathtub(model, measured) if not model.empty else None
     keys = [k.rsplit(".", 1)[-1] for k in sweep["sweep"]]
     x, facet = keys[0], (keys[1] if len(keys) > 1 else None)
-    figures = {
-        y: plots.sweep_lines(frame, x, facet, y, title)
-        for y, title in (("ttft_p90_s", "TTFT P90 (s)"), ("ttft_p99_s", "TTFT P99 (s)"),
-                         ("sla_goodput_rps", "SLA goodput (req/s)"), ("bcr", "BCR"))
-    } if not frame.empty else {}  # fmt: skip
+    figures = (
+        {
+            y: plots.sweep_lines(frame, x, facet, y, title)
+            for y, title in (
+                ("ttft_p90_s", "TTFT P90 (s)"),
+                ("ttft_p99_s", "TTFT P99 (s)"),
+                ("sla_goodput_rps", "SLA goodput (req/s)"),
+                ("bcr", "BCR"),
+            )
+        }
+        if not frame.empty
+        else {}
+    )
     env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=select_autoescape(["html"]))
     html = env.get_template("sweep.html.j2").render(
         scenario=json.loads((run_dir / "scenario.json").read_text()),
-        run_dir=str(run_dir), sweep=sweep, missing=[p for p in sweep["points"] if p not in points],
-        table=Markup(_html(frame, "sweep")), plots=figures,
-        bathtub_table=Markup(bathtub_table), bathtub_plot=bathtub_plot,
-    )  # fmt: skip
+        run_dir=str(run_dir),
+        sweep=sweep,
+        missing=[p for p in sweep["points"] if p not in points],
+        table=Markup(_html(frame, "sweep")),
+        plots=figures,
+        bathtub_table=Markup(bathtub_table),
+        bathtub_plot=bathtub_plot,
+    )
     out = run_dir / "sweep.html"
     out.write_text(html)
     return out

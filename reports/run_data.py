@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from reports.records import COLUMNS, read_records
+from protocol.records import COLUMNS, read_jsonl, read_records
 
 
 @dataclass
@@ -75,11 +75,12 @@ def load_run(run_dir: Path) -> RunData:
             records=records_frame(d),
             manifest=json.loads((d / "manifest.json").read_text()),
             link_check=json.loads((d / "link_check.json").read_text())
-            if (d / "link_check.json").exists() else [],
+            if (d / "link_check.json").exists()
+            else [],
             transfers=pd.DataFrame(transfers),
             cost=json.loads((d / "cost.json").read_text()) if (d / "cost.json").exists() else {},
             pacing=pd.DataFrame(pacing),
-        )  # fmt: skip
+        )
     return RunData(
         run_dir,
         scenario,
@@ -96,8 +97,7 @@ def _json(path: Path) -> dict:
 def _server_logs(system_dir: Path, kind: str) -> list[dict]:
     """Every line of the servers' ``<kind>-<server>.jsonl`` logs, tagged with the server."""
     return [
-        {**json.loads(line), "server": p.stem.removeprefix(f"{kind}-")}
+        {**data, "server": p.stem.removeprefix(f"{kind}-")}
         for p in sorted(system_dir.glob(f"{kind}-*.jsonl"))
-        for line in p.read_text().splitlines()
-        if line.strip()
+        for data in read_jsonl(p)
     ]

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from reports.records import RequestRecord
+from protocol.records import RequestRecord
 
 
 class SLA(BaseModel):

@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from reports.cost import CostTable, Deployment, bcr, relative_change
-from reports.records import RequestRecord
+from protocol.metrics import PERCENTILES, percentile
+from protocol.records import RequestRecord
+from reports.cost import CostTable, Hardware, bcr, relative_change
 from reports.run_data import RunData
 from reports.sla import SLA, attainment, sla_goodput, span_s
 from workloads.analysis import HIT_BINS, hit_bin
 
-PCTS = (50, 90, 99)
 # PDD's published figures (PDD.md) and the systems each compares.
 PAPER = [
     ("TTFT reduction", "pdd", "cross_site_pd", "ttft_p50_s", -0.515),
@@ -53,14 +53,14 @@ def latency(run: RunData) -> pd.DataFrame:
         )
         row = {"system": name, "requests": len(s.records), "errors": len(s.records) - len(ok)}
         for label, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
-            for p in PCTS:
-                row[f"{label}_p{p}_s"] = float(np.percentile(values, p)) if len(values) else np.nan
+            for p in PERCENTILES:
+                row[f"{label}_p{p}_s"] = percentile(values, p)
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def system_cost(s, table: CostTable) -> float:
-    return Deployment(**s.cost).cost(table) if s.cost else np.nan
+    return Hardware(**s.cost).cost(table) if s.cost else np.nan
 
 
 def goodput_bcr(run: RunData) -> pd.DataFrame:
@@ -198,12 +198,17 @@ def routing(run: RunData) -> pd.DataFrame:
             wan_ms = part["predicted_wan_s"].dropna() * 1e3
             pinned = part["pipeline_reason"].fillna("").str.startswith("pinned").sum()
             rows.append(
-                {"system": name, "pipeline": pipe, "requests": len(part),
-                 "share": len(part) / max(len(r), 1),
-                 "predicted_wan_ms_p50": wan_ms.median() if len(wan_ms) else np.nan,
-                 "predicted_wan_ms_max": wan_ms.max() if len(wan_ms) else np.nan,
-                 "pinned": int(pinned), "example_reason": part["pipeline_reason"].iloc[0]}
-            )  # fmt: skip
+                {
+                    "system": name,
+                    "pipeline": pipe,
+                    "requests": len(part),
+                    "share": len(part) / max(len(r), 1),
+                    "predicted_wan_ms_p50": percentile(wan_ms, 50),
+                    "predicted_wan_ms_max": wan_ms.max() if len(wan_ms) else np.nan,
+                    "pinned": int(pinned),
+                    "example_reason": part["pipeline_reason"].iloc[0],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -236,17 +241,21 @@ def handoffs(run: RunData) -> pd.DataFrame:
         for mode, part in r[r["handoff_mode"].notna()].groupby("handoff_mode"):
             gap = part["handoff_s"].dropna()
             rows.append(
-                {"system": name, "mode": mode, "requests": len(part),
-                 "eager_tokens_mean": part["eager_tokens"].mean(),
-                 "handoff_tokens_mean": part["handoff_tokens"].mean(),
-                 "handoff_tokens_max": part["handoff_tokens"].max(),
-                 "batches_mean": part["handoff_batches"].mean(),
-                 "bytes_per_token": part["handoff_bytes"].sum()
-                 / max(part["handoff_tokens"].sum(), 1),
-                 "gap_p50_s": gap.median() if len(gap) else np.nan,
-                 "gap_p90_s": gap.quantile(0.9) if len(gap) else np.nan,
-                 "mismatches": int(part["handoff_mismatch"].fillna(False).sum())}
-            )  # fmt: skip
+                {
+                    "system": name,
+                    "mode": mode,
+                    "requests": len(part),
+                    "eager_tokens_mean": part["eager_tokens"].mean(),
+                    "handoff_tokens_mean": part["handoff_tokens"].mean(),
+                    "handoff_tokens_max": part["handoff_tokens"].max(),
+                    "batches_mean": part["handoff_batches"].mean(),
+                    "bytes_per_token": part["handoff_bytes"].sum()
+                    / max(part["handoff_tokens"].sum(), 1),
+                    "gap_p50_s": percentile(gap, 50),
+                    "gap_p90_s": percentile(gap, 90),
+                    "mismatches": int(part["handoff_mismatch"].fillna(False).sum()),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -321,11 +330,17 @@ def shape_checks(lat: pd.DataFrame, wan: pd.DataFrame) -> pd.DataFrame:
 def all_tables(run: RunData) -> dict[str, pd.DataFrame]:
     lat, good, wan = latency(run), goodput_bcr(run), wan_bytes(run)
     return {
-        "latency": lat, "goodput_bcr": good, "wan_bytes": wan,
-        "wan_utilisation": wan_utilisation(run), "hit_distribution": hit_distribution(run),
-        "routing": routing(run), "relay_share": relay_share(run), "handoffs": handoffs(run),
-        "paper": paper_comparison(run, lat, good, wan), "shape_checks": shape_checks(lat, wan),
-    }  # fmt: skip
+        "latency": lat,
+        "goodput_bcr": good,
+        "wan_bytes": wan,
+        "wan_utilisation": wan_utilisation(run),
+        "hit_distribution": hit_distribution(run),
+        "routing": routing(run),
+        "relay_share": relay_share(run),
+        "handoffs": handoffs(run),
+        "paper": paper_comparison(run, lat, good, wan),
+        "shape_checks": shape_checks(lat, wan),
+    }
 
 
 def sweep_table(points: dict[str, RunData], sweep: dict[str, list]) -> pd.DataFrame:
@@ -340,16 +355,25 @@ def sweep_table(points: dict[str, RunData], sweep: dict[str, list]) -> pd.DataFr
             values[dotted.rsplit(".", 1)[-1]] = node
         lat, good, wan = latency(run), goodput_bcr(run), wan_bytes(run)
         merged = lat.merge(good, on="system").merge(
-            wan[["system", "kv_bytes_mean", "bytes_over_minimum"]] if not wan.empty
+            wan[["system", "kv_bytes_mean", "bytes_over_minimum"]]
+            if not wan.empty
             else pd.DataFrame(columns=["system", "kv_bytes_mean", "bytes_over_minimum"]),
-            on="system", how="left",
-        )  # fmt: skip
+            on="system",
+            how="left",
+        )
         for _, r in merged.iterrows():
             rows.append(
-                {**values, "system": r["system"], "requests": r["requests"],
-                 "errors": r["errors"], "ttft_p50_s": r["ttft_p50_s"],
-                 "ttft_p90_s": r["ttft_p90_s"], "ttft_p99_s": r["ttft_p99_s"],
-                 "sla_goodput_rps": r["sla_goodput_rps"], "bcr": r["bcr"],
-                 "wan_kv_bytes_mean": r["kv_bytes_mean"]}
-            )  # fmt: skip
+                {
+                    **values,
+                    "system": r["system"],
+                    "requests": r["requests"],
+                    "errors": r["errors"],
+                    "ttft_p50_s": r["ttft_p50_s"],
+                    "ttft_p90_s": r["ttft_p90_s"],
+                    "ttft_p99_s": r["ttft_p99_s"],
+                    "sla_goodput_rps": r["sla_goodput_rps"],
+                    "bcr": r["bcr"],
+                    "wan_kv_bytes_mean": r["kv_bytes_mean"],
+                }
+            )
     return pd.DataFrame(rows)

@@ -205,18 +205,6 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # one shutdown path (the finally blocks) for SIGTERM and Ctrl-C
 
 
-@app.command("bench-quick")
-def bench_quick(
-    model: Path = typer.Option(None, help="Model directory (default: the built-in tiny model)."),
-    port: int = typer.Option(30100, help="Port of the temporary server."),
-    out: Path = typer.Option(Path("runs"), help="Directory for the run's files."),
-) -> None:
-    """One colocated server on this host: TTFT/ITL of a small fixed request set."""
-    from testbed.quickbench import run_quickbench
-
-    run_quickbench(resolve_model(model), port, out, console)
-
-
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A bench run directory.")) -> None:
     """Regenerate report.html (and a sweep's pages) from a run directory's records alone."""
@@ -269,7 +257,7 @@ def plan(
     """Size each design for the scenario's trace under its SLA; print the BCR table."""
     import tempfile
 
-    from testbed import plan as plan_mod
+    from testbed import planning
     from testbed.net_cli import fail
     from testbed.scenario import Scenario, ScenarioError
     from workloads.trace import Trace
@@ -280,10 +268,10 @@ def plan(
             sc = sc.model_copy(update={"plan": sc.plan.model_copy(update={"target_rps": rps})})
         with tempfile.TemporaryDirectory() as tmp:
             trace = Trace.load(sc.workload.materialize(Path(tmp)))
-        rows = plan_mod.rows(plan_mod.plan_all(plan_mod.inputs(sc, trace)), sc.plan.target_rps)
+        rows = planning.plan_rows(sc, trace)
     except (ScenarioError, ValueError) as exc:
         raise fail(exc) from exc
-    console.print(plan_mod.table(rows, sc))
+    console.print(planning.table(rows, sc))
 
 
 if __name__ == "__main__":

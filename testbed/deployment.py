@@ -29,7 +29,9 @@ from pathlib import Path
 
 import httpx
 
-from testbed.emulation import for_testbed, pacing_env, record
+from protocol.env import Env
+from protocol.names import Role
+from testbed.dilation import for_testbed, pacing_env, record
 from testbed.model import describe as describe_model
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.scenario import Scenario
@@ -38,19 +40,11 @@ from testbed.systems import SystemSpec, get_system
 from topologies.network import Network
 from topologies.process import HostProcess
 
-SGLANG_MODE = {
-    "colocated": "colocated",
-    "prefill": "prefill",
-    "decode": "decode",
-    "relay_decode": "decode",
-    "main_decode": "decode",
-}
-
 
 @dataclass
 class RunningServer:
     name: str
-    role: str
+    role: Role
     host: str
     site: str
     server: SGLangServer
@@ -156,14 +150,19 @@ class Deployment:
             for host in hosts:
                 name = f"{role}-{host}"
                 spec = ServerSpec(
-                    model_path=model, role=SGLANG_MODE[role], host=self.net.address(host),
-                    port=cfg.port, max_total_tokens=cfg.max_total_tokens,
-                    mem_fraction_static=cfg.mem_fraction_static, bootstrap_port=cfg.bootstrap_port,
-                    decode_radix_cache=cfg.decode_radix_cache, extra_args=tuple(cfg.extra_args),
+                    model_path=model,
+                    role=role.launched_as,
+                    host=self.net.address(host),
+                    port=cfg.port,
+                    max_total_tokens=cfg.max_total_tokens,
+                    mem_fraction_static=cfg.mem_fraction_static,
+                    bootstrap_port=cfg.bootstrap_port,
+                    decode_radix_cache=cfg.decode_radix_cache,
+                    extra_args=tuple(cfg.extra_args),
                     cpus=self._server_cpus(role),
                     extra_env=server_env(cfg, self.transfer_log(name), self._handoff_port(role))
                     + pacing_env(self.scenario, self.net.site(host), str(self.pacing_log(name))),
-                )  # fmt: skip
+                )
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
                 self.servers.append(RunningServer(name, role, host, self.net.site(host), server))
         for s in self.servers:
@@ -183,7 +182,7 @@ class Deployment:
 
     def _handoff_port(self, role: str) -> int | None:
         """Main decode of a pdd deployment listens for token-ID handoffs."""
-        return self.scenario.pdd.handoff_port if role == "main_decode" else None
+        return self.scenario.pdd.handoff_port if role == Role.MAIN_DECODE else None
 
     def _pdd_config(self):
         if self.system.policy != "pdd":
@@ -200,11 +199,17 @@ class Deployment:
         cfg = self.scenario.servers
         self.router_host = self.net.hosts_with_role("router")[0]
         entries = [
-            ServerEntry(name=s.name, url=s.spec.url, role=s.role, site=s.site, host=s.spec.host,
-                        bootstrap_port=cfg.bootstrap_port if s.role == "prefill" else None,
-                        transfer_log=self.transfer_log(s.name))
+            ServerEntry(
+                name=s.name,
+                url=s.spec.url,
+                role=s.role,
+                site=s.site,
+                host=s.spec.host,
+                bootstrap_port=cfg.bootstrap_port if s.role == Role.PREFILL else None,
+                transfer_log=self.transfer_log(s.name),
+            )
             for s in self.servers
-        ]  # fmt: skip
+        ]
         config = RouterConfig(
             system=self.system.name,
             policy=self.system.policy,
@@ -240,27 +245,43 @@ class Deployment:
             "model": str(model),
             "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
             "emulation": record(self.scenario, describe_model(model)["kv_bytes_per_token"]),
-            "servers": [{"name": s.name, "role": s.role, "host": s.host, "site": s.site,
-                         "url": s.spec.url, "argv": s.spec.argv()} for s in self.servers],
+            "servers": [
+                {
+                    "name": s.name,
+                    "role": s.role,
+                    "host": s.host,
+                    "site": s.site,
+                    "url": s.spec.url,
+                    "argv": s.spec.argv(),
+                }
+                for s in self.servers
+            ],
             "router": self.router_url,
-            "network": {"name": self.net.name, "backend": self.net.backend_name,
-                        "links": [vars(a) for a in self.net.applied]},
+            "network": {
+                "name": self.net.name,
+                "backend": self.net.backend_name,
+                "links": [vars(a) for a in self.net.applied],
+            },
             "versions": versions(),
-            "host": {"kernel": platform.release(), "machine": platform.machine(),
-                     "python": platform.python_version(), "cpus": self._all_cpus},
+            "host": {
+                "kernel": platform.release(),
+                "machine": platform.machine(),
+                "python": platform.python_version(),
+                "cpus": self._all_cpus,
+            },
             "git_commit": git_commit(),
             "started": time.time(),
-        }  # fmt: skip
+        }
         (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
 
 
 def server_env(cfg, transfer_log: Path, handoff_port: int | None = None):
     env = [
-        ("PDD_KV_TRANSFER_LOG", str(transfer_log)),
-        ("PDD_KV_IDLE_TIMEOUT_S", str(cfg.kv_idle_timeout_s)),
+        (Env.KV_TRANSFER_LOG, str(transfer_log)),
+        (Env.KV_IDLE_TIMEOUT_S, str(cfg.kv_idle_timeout_s)),
     ]
     if handoff_port is not None:
-        env.append(("PDD_HANDOFF_PORT", str(handoff_port)))
+        env.append((Env.HANDOFF_PORT, str(handoff_port)))
     if cfg.threads:
         env.append(("OMP_NUM_THREADS", str(cfg.threads)))
     return tuple(env)

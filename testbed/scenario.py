@@ -17,15 +17,16 @@ from pydantic import (
     model_validator,
 )
 
+from capacity.plan import PlanSpec
+from protocol.names import Role
 from reports.cost import CostTable
 from reports.sla import SLA
-from testbed.emulation import EmulationSpec
-from testbed.plan import PlanSpec
+from testbed.dilation import EmulationSpec
 from testbed.router.config import PddConfig
 from topologies.spec import NetworkSpec
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
-CPU_ROLES = ("colocated", "prefill", "decode", "relay_decode", "main_decode", "testbed")
+CPU_ROLES = (*Role, "testbed")  # "testbed": the router, link emulators and Locust
 
 
 class ScenarioError(ValueError):

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import httpx
 
+from protocol.names import Role
 from topologies.process import HostProcess
 
-ROLES = ("colocated", "prefill", "decode")
+ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)  # the roles SGLang itself knows
 
 
 @functools.cache
@@ -67,15 +68,24 @@ class ServerSpec:
 
     def argv(self) -> list[str]:
         args = [
-            sys.executable, "-m", "sglang.launch_server",
-            "--model-path", str(self.model_path),
-            "--host", self.host, "--port", str(self.port),
-            "--max-total-tokens", str(self.max_total_tokens),
-            "--mem-fraction-static", str(self.mem_fraction_static),
-            "--log-level", "info",
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(self.model_path),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--max-total-tokens",
+            str(self.max_total_tokens),
+            "--mem-fraction-static",
+            str(self.mem_fraction_static),
+            "--log-level",
+            "info",
             # Block on the sockets when idle instead of spinning a core per server.
             "--sleep-on-idle",
-        ]  # fmt: skip
+        ]
         if not self.cuda:
             # The CPU engine: torch_native attention (the x86 default needs AMX
             # kernels), fp32. No overlap scheduling: it only helps with an async
@@ -112,17 +122,22 @@ def _colocated_args(spec: ServerSpec) -> list[str]:
 
 def _prefill_args(spec: ServerSpec) -> list[str]:
     return [
-        "--disaggregation-mode", "prefill",
-        "--disaggregation-transfer-backend", spec.transfer_backend,
-        "--disaggregation-bootstrap-port", str(spec.bootstrap_port),
-    ]  # fmt: skip
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-transfer-backend",
+        spec.transfer_backend,
+        "--disaggregation-bootstrap-port",
+        str(spec.bootstrap_port),
+    ]
 
 
 def _decode_args(spec: ServerSpec) -> list[str]:
     args = [
-        "--disaggregation-mode", "decode",
-        "--disaggregation-transfer-backend", spec.transfer_backend,
-    ]  # fmt: skip
+        "--disaggregation-mode",
+        "decode",
+        "--disaggregation-transfer-backend",
+        spec.transfer_backend,
+    ]
     if spec.decode_radix_cache:
         args.append("--disaggregation-decode-enable-radix-cache")
     if not spec.cuda:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from protocol.names import Role
+
 
 @dataclass(frozen=True)
 class SystemSpec:
     name: str
     policy: str
-    servers: tuple[tuple[str, str], ...]  # (server role, network role of its host)
+    servers: tuple[tuple[Role, str], ...]  # (server role, network role of its host)
     description: str
 
 
@@ -25,29 +27,29 @@ SYSTEMS: dict[str, SystemSpec] = {
         SystemSpec(
             "colocated",
             "colocated",
-            (("colocated", "prefill"),),
+            ((Role.COLOCATED, "prefill"),),
             "one server prefills and decodes (site A)",
         ),
         SystemSpec(
             "same_site_pd",
             "pd",
-            (("prefill", "prefill"), ("decode", "relay_decode")),
+            ((Role.PREFILL, "prefill"), (Role.DECODE, "relay_decode")),
             "prefill and decode in site A over the LAN",
         ),
         SystemSpec(
             "cross_site_pd",
             "pd",
-            (("prefill", "prefill"), ("decode", "main_decode")),
+            ((Role.PREFILL, "prefill"), (Role.DECODE, "main_decode")),
             "prefill in site A, decode in site B over the WAN",
         ),
         SystemSpec(
             "pdd",
             "pdd",
             (
-                ("prefill", "prefill"),
-                ("relay_decode", "relay_decode"),
-                ("main_decode", "main_decode"),
-            ),  # fmt: skip
+                (Role.PREFILL, "prefill"),
+                (Role.RELAY_DECODE, "relay_decode"),
+                (Role.MAIN_DECODE, "main_decode"),
+            ),
             "prefill and relay decode in site A, main decode in site B; token-ID handoff",
         ),
     )

@@ -86,14 +86,40 @@ def trace_generate(
 def locust_argv(router_url: str, trace: Path, workload, out_dir: Path) -> list[str]:
     """Headless Locust replaying ``trace`` against the router; CSV, HTML and records in out_dir."""
     return [
-        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless",
-        "-u", str(workload.users), "-r", str(workload.users), "-t", f"{int(workload.duration_s)}s",
-        "--host", router_url, "--trace", str(trace), "--mode", workload.mode,
-        "--speedup", str(workload.speedup), "--vocab-size", str(workload.vocab_size),
-        "--max-requests", str(workload.max_requests), "--records", str(out_dir / "client.jsonl"),
-        "--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust.html"),
-        "--only-summary", "--stop-timeout", "30",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILE),
+        "--headless",
+        "-u",
+        str(workload.users),
+        "-r",
+        str(workload.users),
+        "-t",
+        f"{int(workload.duration_s)}s",
+        "--host",
+        router_url,
+        "--trace",
+        str(trace),
+        "--mode",
+        workload.mode,
+        "--speedup",
+        str(workload.speedup),
+        "--vocab-size",
+        str(workload.vocab_size),
+        "--max-requests",
+        str(workload.max_requests),
+        "--records",
+        str(out_dir / "client.jsonl"),
+        "--csv",
+        str(out_dir / "locust"),
+        "--html",
+        str(out_dir / "locust.html"),
+        "--only-summary",
+        "--stop-timeout",
+        "30",
+    ]
 
 
 def load(

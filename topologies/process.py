@@ -36,9 +36,12 @@ class HostProcess:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(
                 ["ip", "netns", "exec", self.ns, *self.argv] if self.ns else self.argv,
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self.env, start_new_session=True,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                start_new_session=True,
+            )
         return self
 
     @property

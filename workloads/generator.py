@@ -93,13 +93,19 @@ def generate(config: AgenticConfig = AgenticConfig(), name: str = "agentic") -> 
         for turn in range(rng.randint(*config.turns)):
             out_blocks = n_blocks(math.exp(rng.uniform(*map(math.log, config.output_tokens))))
             output = blocks.take(out_blocks)
-            requests.append(Request(
-                request_id=f"s{s}t{turn}", session_id=f"s{s}", turn=turn, hash_ids=prompt,
-                input_length=len(prompt) * bt, output_length=out_blocks * bt,
-                arrival_s=start if turn == 0 else None,
-                think_time_s=None if turn == 0 else scaled_time(config.think_time_s),
-                output_hash_ids=output,
-            ))  # fmt: skip
+            requests.append(
+                Request(
+                    request_id=f"s{s}t{turn}",
+                    session_id=f"s{s}",
+                    turn=turn,
+                    hash_ids=prompt,
+                    input_length=len(prompt) * bt,
+                    output_length=out_blocks * bt,
+                    arrival_s=start if turn == 0 else None,
+                    think_time_s=None if turn == 0 else scaled_time(config.think_time_s),
+                    output_hash_ids=output,
+                )
+            )
             exchange = prompt + output
             appended = max(1, round(len(exchange) * (1 - (h := _draw_hit(rng, config))) / h))
             if len(exchange) + appended > max_blocks:
@@ -110,11 +116,18 @@ def generate(config: AgenticConfig = AgenticConfig(), name: str = "agentic") -> 
     for a in range(n_anomalous):
         prompt = system + blocks.take(n_blocks(rng.uniform(*config.anomalous_input_tokens)))
         out = max(1, round(rng.uniform(*config.anomalous_output_tokens)))
-        requests.append(Request(
-            request_id=f"a{a}t0", session_id=f"a{a}", turn=0, hash_ids=prompt,
-            input_length=len(prompt) * bt, output_length=out, arrival_s=rng.uniform(0, start),
-            anomalous=True,
-        ))  # fmt: skip
+        requests.append(
+            Request(
+                request_id=f"a{a}t0",
+                session_id=f"a{a}",
+                turn=0,
+                hash_ids=prompt,
+                input_length=len(prompt) * bt,
+                output_length=out,
+                arrival_s=rng.uniform(0, start),
+                anomalous=True,
+            )
+        )
     metadata = {
         "source": "generator",
         "generator": "agentic",
@@ -133,15 +146,25 @@ def _fixed_hit(config: AgenticConfig, rng: random.Random, blocks, n_blocks, name
         start += rng.expovariate(1.0 / config.session_gap_s) * config.time_scale
         prompt = shared + blocks.take(max(1, total - len(shared)))
         out = n_blocks(math.exp(rng.uniform(*map(math.log, config.output_tokens))))
-        requests.append(Request(
-            request_id=f"s{s}t0", session_id=f"s{s}", turn=0, hash_ids=prompt,
-            input_length=len(prompt) * bt, output_length=out * bt, arrival_s=start,
-            output_hash_ids=blocks.take(out),
-        ))  # fmt: skip
+        requests.append(
+            Request(
+                request_id=f"s{s}t0",
+                session_id=f"s{s}",
+                turn=0,
+                hash_ids=prompt,
+                input_length=len(prompt) * bt,
+                output_length=out * bt,
+                arrival_s=start,
+                output_hash_ids=blocks.take(out),
+            )
+        )
     metadata = {
-        "source": "generator", "generator": "fixed_hit", "config": asdict(config),
-        "length_scale": config.length_scale, "time_scale": config.time_scale,
-    }  # fmt: skip
+        "source": "generator",
+        "generator": "fixed_hit",
+        "config": asdict(config),
+        "length_scale": config.length_scale,
+        "time_scale": config.time_scale,
+    }
     return Trace(name, bt, requests, metadata)
 
 

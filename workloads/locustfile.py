@@ -23,16 +23,12 @@ from gevent.lock import Semaphore
 from locust import User, events, task
 from locust.exception import StopUser
 
-from reports.metrics import Metric
+from protocol import headers
+from protocol.metrics import Metric
+from protocol.records import JsonlWriter
 from workloads.client import generate_payload
 from workloads.readers import read_trace
-from workloads.replay import (
-    ClientRecord,
-    RecordSink,
-    SessionState,
-    consume_stream,
-    session_order,
-)
+from workloads.replay import ClientRecord, SessionState, consume_stream, session_order
 from workloads.tokens import TokenSynth
 
 
@@ -72,7 +68,7 @@ class _Shared:
             trace = read_trace(options.trace, options.trace_format)
             cls.synth = TokenSynth(options.vocab_size, trace.block_tokens, options.token_seed)
             cls.sessions = iter(session_order(trace))
-            cls.sink = RecordSink(options.records or None)
+            cls.sink = JsonlWriter(options.records or None)
 
 
 def _fire(name: str, metric: Metric, value: float, length: int = 0, exc=None) -> None:
@@ -109,17 +105,17 @@ class TraceUser(User):
             prompt_tokens=len(prompt),
             expected_output_tokens=req.output_length,
         )
-        headers = {
-            "x-session-id": req.session_id,
-            "x-turn": str(req.turn),
-            "x-request-id": record.request_id,
+        sent_headers = {
+            headers.SESSION: req.session_id,
+            headers.TURN: str(req.turn),
+            headers.REQUEST_ID: record.request_id,
         }
         output: list[int] = []
         try:
             with self.http.post(
                 f"{self.base}/generate",
                 json=generate_payload(prompt, req.output_length, stream=True),
-                headers=headers,
+                headers=sent_headers,
                 stream=True,
                 timeout=900,
             ) as resp:

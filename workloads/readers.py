@@ -32,11 +32,17 @@ def read_mooncake(path: Path) -> Trace:
             if not line.strip():
                 continue
             d = json.loads(line)
-            requests.append(Request(
-                request_id=f"r{i}", session_id=f"r{i}", turn=0, hash_ids=tuple(d["hash_ids"]),
-                input_length=int(d["input_length"]), output_length=max(1, int(d["output_length"])),
-                arrival_s=d["timestamp"] / 1000.0,
-            ))  # fmt: skip
+            requests.append(
+                Request(
+                    request_id=f"r{i}",
+                    session_id=f"r{i}",
+                    turn=0,
+                    hash_ids=tuple(d["hash_ids"]),
+                    input_length=int(d["input_length"]),
+                    output_length=max(1, int(d["output_length"])),
+                    arrival_s=d["timestamp"] / 1000.0,
+                )
+            )
     return Trace(
         Path(path).stem, MOONCAKE_BLOCK, requests, {"source": "mooncake", "path": str(path)}
     )
@@ -50,11 +56,17 @@ def read_azure(path: Path, block_tokens: int = 512) -> Trace:
             start = t if start is None else start
             length = int(row["ContextTokens"])
             blocks = -(-length // block_tokens)
-            requests.append(Request(
-                request_id=f"r{i}", session_id=f"r{i}", turn=0,
-                hash_ids=tuple(range(next_block, next_block + blocks)), input_length=length,
-                output_length=max(1, int(row["GeneratedTokens"])), arrival_s=t - start,
-            ))  # fmt: skip
+            requests.append(
+                Request(
+                    request_id=f"r{i}",
+                    session_id=f"r{i}",
+                    turn=0,
+                    hash_ids=tuple(range(next_block, next_block + blocks)),
+                    input_length=length,
+                    output_length=max(1, int(row["GeneratedTokens"])),
+                    arrival_s=t - start,
+                )
+            )
             next_block += blocks
     return Trace(Path(path).stem, block_tokens, requests, {"source": "azure", "path": str(path)})
 
@@ -87,11 +99,17 @@ def read_tracelab(path: Path, block_tokens: int = 64) -> Trace:
             )
             think = None if prev_end is None or not times else max(0.0, times[0] - prev_end)
             prev_end = times[-1] if times else prev_end
-            requests.append(Request(
-                request_id=s.get("round_id") or f"{session}:{s['round_index']}", session_id=session,
-                turn=int(s["round_index"]), hash_ids=tuple(blocks), input_length=total,
-                output_length=max(1, int(s["output_tokens"] or 1)), think_time_s=think,
-            ))  # fmt: skip
+            requests.append(
+                Request(
+                    request_id=s.get("round_id") or f"{session}:{s['round_index']}",
+                    session_id=session,
+                    turn=int(s["round_index"]),
+                    hash_ids=tuple(blocks),
+                    input_length=total,
+                    output_length=max(1, int(s["output_tokens"] or 1)),
+                    think_time_s=think,
+                )
+            )
     return Trace(Path(path).stem, block_tokens, requests, {"source": "tracelab", "path": str(path)})
 
 

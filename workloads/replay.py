@@ -8,21 +8,21 @@ replay sends each request at its arrival time with its prompt built from blocks 
 
 from __future__ import annotations
 
-import json
-import threading
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from workloads.client import StreamError, iter_new_tokens
+from protocol.records import TokenTimes
+from protocol.stream import StreamError
+from workloads.client import iter_new_tokens
 from workloads.tokens import TokenSynth
 from workloads.trace import Request, Trace
 
 
 @dataclass
-class ClientRecord:
+class ClientRecord(TokenTimes):
     """What the client saw of one request (wall-clock seconds)."""
 
+    START = "sent"
     request_id: str
     session_id: str
     turn: int
@@ -35,19 +35,6 @@ class ClientRecord:
     expected_output_tokens: int = 0
     status: str = "ok"
     error: str | None = None
-
-    @property
-    def ttft(self) -> float | None:
-        return None if self.first_token is None else self.first_token - self.sent
-
-    @property
-    def itls(self) -> list[float]:
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:], strict=False)]
-
-    @property
-    def e2e(self) -> float | None:
-        return None if self.finish is None else self.finish - self.sent
 
 
 class SessionState:
@@ -70,20 +57,6 @@ class SessionState:
 
     def done(self, req: Request, prompt: list[int], output: list[int]) -> None:
         self.prev, self.prev_prompt, self.prev_output = req, prompt, output
-
-
-class RecordSink:
-    def __init__(self, path: Path | None) -> None:
-        self.path = Path(path) if path else None
-        self._lock = threading.Lock()
-        if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(self, record: ClientRecord) -> None:
-        if self.path is None:
-            return
-        with self._lock, open(self.path, "a") as f:
-            f.write(json.dumps(asdict(record), separators=(",", ":")) + "\n")
 
 
 def consume_stream(lines, record: ClientRecord) -> list[int]:

@@ -27,25 +27,54 @@ _original = None
 
 
 def extend_forward(
-    self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-    extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None, enable_gqa=False,
-    causal=False, is_cross_attn=False, sliding_window_size=None,
-):  # fmt: skip
+    self,
+    query,
+    output,
+    k_cache,
+    v_cache,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_prefix_lens,
+    extend_seq_lens,
+    encoder_lens=None,
+    scaling=None,
+    enable_gqa=False,
+    causal=False,
+    is_cross_attn=False,
+    sliding_window_size=None,
+):
     import torch
     from torch.nn.functional import scaled_dot_product_attention
 
     windowed = sliding_window_size is not None and sliding_window_size > -1
     if encoder_lens is not None or is_cross_attn or windowed:
         return _original(
-            self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
-            extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa, causal,
-            is_cross_attn, sliding_window_size,
-        )  # fmt: skip
+            self,
+            query,
+            output,
+            k_cache,
+            v_cache,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            extend_prefix_lens,
+            extend_seq_lens,
+            encoder_lens,
+            scaling,
+            enable_gqa,
+            causal,
+            is_cross_attn,
+            sliding_window_size,
+        )
     query = query.movedim(0, query.dim() - 2)  # [heads, tokens, dim]
     start_q = 0
     for i in range(seq_lens.shape[0]):
-        q_len, prefix, kv_len = (int(extend_seq_lens[i]), int(extend_prefix_lens[i]),
-                                 int(seq_lens[i]))  # fmt: skip
+        q_len, prefix, kv_len = (
+            int(extend_seq_lens[i]),
+            int(extend_prefix_lens[i]),
+            int(seq_lens[i]),
+        )
         q = query[:, start_q : start_q + q_len, :]
         tokens = req_to_token[req_pool_indices[i], :kv_len]
         k = k_cache[tokens].movedim(0, query.dim() - 2)
@@ -58,16 +87,24 @@ def extend_forward(
             padded = q.new_zeros((q.shape[0], kv_len, q.shape[2]))
             padded[:, prefix:, :] = q
             out = scaled_dot_product_attention(
-                padded.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                enable_gqa=enable_gqa, scale=scaling, is_causal=causal,
-            )[:, :, prefix:, :]  # fmt: skip
+                padded.unsqueeze(0),
+                k.unsqueeze(0),
+                v.unsqueeze(0),
+                enable_gqa=enable_gqa,
+                scale=scaling,
+                is_causal=causal,
+            )[:, :, prefix:, :]
         else:  # a few rows over a long prefix: row i sees keys 0 .. prefix + i
             rows = torch.arange(prefix, prefix + q_len, device=q.device)[:, None]
             mask = torch.arange(kv_len, device=q.device)[None, :] <= rows
             out = scaled_dot_product_attention(
-                q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                attn_mask=mask, enable_gqa=enable_gqa, scale=scaling,
-            )  # fmt: skip
+                q.unsqueeze(0),
+                k.unsqueeze(0),
+                v.unsqueeze(0),
+                attn_mask=mask,
+                enable_gqa=enable_gqa,
+                scale=scaling,
+            )
         output[start_q : start_q + q_len] = out.squeeze(0).movedim(query.dim() - 2, 0)
         start_q += q_len
     return output

@@ -18,7 +18,6 @@ chunked prefill is built, runs it, and puts the request's bookkeeping back.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -27,25 +26,20 @@ import threading
 import time
 from dataclasses import dataclass
 
-from engine_patches.handoff.messages import Extended, Handoff, Ready
-from engine_patches.kv_transfer.messages import (
-    HEADER,
+from protocol.env import Env
+from protocol.frames import (
     MsgType,
     ProtocolError,
     configure_socket,
+    frame_size,
     recv_frame,
     send_frame,
 )
+from protocol.handoff import Extended, Handoff, Ready
+from protocol.records import HandoffRecord, JsonlWriter
+from protocol.rooms import PARK_PREFIX
 
 logger = logging.getLogger("pdd.handoff")
-PARK_PREFIX = "pdd-md-"  # the router names MD's request of a relayed pipeline so
-PORT_ENV = "PDD_HANDOFF_PORT"
-PARK_TIMEOUT_ENV = "PDD_HANDOFF_PARK_TIMEOUT_S"
-LOG_ENV = "PDD_KV_TRANSFER_LOG"  # handoff records join the server's transfer log
-
-
-def md_rid(room: int) -> str:
-    return f"{PARK_PREFIX}{room}"
 
 
 @dataclass
@@ -65,8 +59,8 @@ class HandoffService:
         self.watchers: dict[int, socket.socket] = {}  # WATCH came before the KV
         self.early: dict[int, list] = {}  # HANDOFFs that came before the KV (applied in order)
         self.commands: queue.Queue = queue.Queue()
-        self.park_timeout = float(os.environ.get(PARK_TIMEOUT_ENV, "120"))
-        self.log_path = os.environ.get(LOG_ENV)
+        self.park_timeout = float(os.environ.get(Env.HANDOFF_PARK_TIMEOUT_S, "120"))
+        self.log = JsonlWriter(os.environ.get(Env.KV_TRANSFER_LOG))  # beside the transfers
         host = getattr(scheduler.server_args, "host", "0.0.0.0")
         self.listener = socket.create_server((host, port), backlog=128)
         threading.Thread(target=self._accept, name="pdd-handoff-accept", daemon=True).start()
@@ -146,7 +140,7 @@ class HandoffService:
             if parked is None:  # the KV is still on its way: apply once it is held
                 self.early.setdefault(room, []).append((conn, kind, room, body, received))
                 return
-            frame = HEADER.size + len(body)
+            frame = frame_size(len(body))
             self._handoff(conn, room, parked, Handoff.decode(body), frame, received)
         elif kind == MsgType.RELEASE:
             self.watchers.pop(room, None)
@@ -175,13 +169,23 @@ class HandoffService:
             self.scheduler.waiting_queue.append(parked.req)
         reply = Extended(len(msg.tokens), extended, next_token, forward_s, msg.final)
         _reply(conn, MsgType.EXTENDED, room, reply.encode())
-        self._log(
-            room=room, tokens=len(msg.tokens), extend_tokens=extended, frame_bytes=frame_bytes,
-            forward_s=forward_s, next_token=next_token,
-            expected_next=int(parked.req.output_ids[-1]), final=msg.final,
-            extend_forwards=parked.extend_forwards, received=received,
-            queued_s=started_at - received, extended_at=time.time(),
-        )  # fmt: skip
+        self.log.write(
+            HandoffRecord(
+                room=room,
+                tokens=len(msg.tokens),
+                extend_tokens=extended,
+                frame_bytes=frame_bytes,
+                forward_s=forward_s,
+                next_token=next_token,
+                expected_next=int(parked.req.output_ids[-1]),
+                final=msg.final,
+                extend_forwards=parked.extend_forwards,
+                received=received,
+                queued_s=started_at - received,
+                extended_at=time.time(),
+                time=time.time(),
+            )
+        )
 
     def _finish(self, room: int, reason: str) -> None:
         """End a parked request as aborted; SGLang's normal path frees its KV."""
@@ -192,13 +196,6 @@ class HandoffService:
             return
         parked.req.to_finish = FINISH_ABORT(f"PDD handoff: {reason}")
         self.scheduler.waiting_queue.append(parked.req)
-
-    def _log(self, **fields) -> None:
-        if not self.log_path:
-            return
-        line = json.dumps({"side": "handoff", "time": time.time(), **fields})
-        with open(self.log_path, "a") as f:
-            f.write(line + "\n")
 
 
 def _reply(conn: socket.socket | None, kind: MsgType, room: int, body: bytes) -> None:
@@ -224,11 +221,17 @@ def extend_parked(scheduler, req, new_tokens: list[int]) -> tuple[int, int]:
     saved = {
         name: getattr(req, name)
         for name in (
-            "prefix_len", "extend_end", "cached_tokens", "cached_tokens_device",
-            "cached_tokens_host", "cached_tokens_storage", "already_computed",
-            "_cache_breakdown_computed", "return_logprob",
+            "prefix_len",
+            "extend_end",
+            "cached_tokens",
+            "cached_tokens_device",
+            "cached_tokens_host",
+            "cached_tokens_storage",
+            "already_computed",
+            "_cache_breakdown_computed",
+            "return_logprob",
         )
-    }  # fmt: skip
+    }
     try:
         req.prefix_len = committed  # the row already holds KV up to here
         req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
@@ -252,7 +255,7 @@ def extend_parked(scheduler, req, new_tokens: list[int]) -> tuple[int, int]:
     return next_token, target - committed
 
 
-PORT = os.environ.get(PORT_ENV)  # read once: the plugin loads in each server process
+PORT = os.environ.get(Env.HANDOFF_PORT)  # read once: the plugin loads in each server process
 
 
 def service_for(scheduler) -> HandoffService | None:

@@ -15,5 +15,6 @@ by the decode side to the prefill server's bootstrap port:
     poll: Success
 
 Any timeout, reset or abort ends the transfer as ``KVPoll.Failed`` on both sides with
-the reason in ``failure_exception()``. See :mod:`.messages` for the wire format.
+the reason in ``failure_exception()``. The wire format is in :mod:`protocol.frames`
+and :mod:`protocol.kv`.
 """

@@ -23,16 +23,11 @@ from dataclasses import dataclass
 
 from sglang.srt.disaggregation.base.conn import BaseKVBootstrapServer, BaseKVManager
 
-from engine_patches.kv_transfer.messages import (
-    MsgType,
-    ProtocolError,
-    TransferRequest,
-    configure_socket,
-    recv_frame,
-    send_frame,
-)
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
-from engine_patches.kv_transfer.transfer_log import TransferLog
+from protocol.env import Env, kv_timeout
+from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
+from protocol.kv import TransferRequest
+from protocol.records import JsonlWriter
 
 logger = logging.getLogger("pdd.kv_transfer")
 # Connections are reused between transfers (a warm congestion window: no slow start
@@ -54,7 +49,7 @@ class Timeouts:
     @classmethod
     def from_env(cls) -> Timeouts:
         def get(name: str, default: float) -> float:
-            return float(os.environ.get(f"PDD_KV_{name.upper()}_TIMEOUT_S", default))
+            return float(os.environ.get(kv_timeout(name), default))
 
         return cls(**{f: get(f, getattr(cls, f)) for f in cls.__dataclass_fields__})
 
@@ -101,7 +96,7 @@ class TcpKVManager(BaseKVManager):
         self.aux = BufferSet(args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens)
         self.layout = layout_digest(list(args.kv_item_lens), args.page_size)
         self.timeouts = Timeouts.from_env()
-        self.log = TransferLog.from_env()
+        self.log = JsonlWriter(os.environ.get(Env.KV_TRANSFER_LOG))
         self.prefill_info_table = _SingleRankPrefills()
         self._incoming: dict[int, list[Incoming]] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # room → (reason, when)

@@ -24,19 +24,10 @@ import numpy as np
 from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVPoll
 
 from engine_patches.kv_transfer.manager import TcpKVManager
-from engine_patches.kv_transfer.messages import (
-    Done,
-    KvChunkHeader,
-    MsgType,
-    ProtocolError,
-    TransferRequest,
-    configure_socket,
-    crc32,
-    recv_frame,
-    send_frame,
-)
 from engine_patches.kv_transfer.sender import KVTransferError
-from engine_patches.kv_transfer.transfer_log import TransferRecord
+from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
+from protocol.kv import Done, KvChunkHeader, TransferRequest, crc32
+from protocol.records import TransferRecord
 
 logger = logging.getLogger("pdd.kv_transfer")
 

@@ -9,7 +9,7 @@ Lifecycle (``poll()``)::
                                                                         one Acked──▶ Success
 
 Each destination is a *leg* with its own connection, worker thread and record. A plain
-room has one leg. A dual-path room (``rooms.is_dual_path``: PDD's relay decode over
+room has one leg. A dual-path room (``protocol.rooms.is_dual_path``: PDD's relay decode over
 the LAN and main decode over the WAN) has two, fed from the same ``send()`` calls;
 SGLang is asked to offer every page (prefix length 0) and each leg skips the pages
 its own destination already holds. A leg that joins late gets every chunk so far
@@ -32,17 +32,10 @@ import numpy as np
 from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransferMetric
 
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
-from engine_patches.kv_transfer.messages import (
-    Done,
-    KvChunkHeader,
-    MsgType,
-    ProtocolError,
-    crc32,
-    recv_frame,
-    send_frame,
-)
-from engine_patches.kv_transfer.rooms import legs_expected
-from engine_patches.kv_transfer.transfer_log import TransferRecord
+from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame
+from protocol.kv import Done, KvChunkHeader, crc32
+from protocol.records import TransferRecord
+from protocol.rooms import legs_expected
 
 logger = logging.getLogger("pdd.kv_transfer")
 MAX_FRAME_BYTES = 8 << 20  # bounds memory per frame and keeps progress visible
@@ -97,8 +90,9 @@ class _Leg:
             if self.state != "pending":
                 return
             self.state, self.reason = "failed", reason
-        logger.warning("tcp KV transfer room %d to %s failed: %s", self.sender.room,
-                       self.incoming.peer, reason)  # fmt: skip
+        logger.warning(
+            "tcp KV transfer room %d to %s failed: %s", self.sender.room, self.incoming.peer, reason
+        )
         if not self.released:
             with contextlib.suppress(OSError):
                 send_frame(self.incoming.conn, MsgType.FAILURE, self.sender.room, reason.encode())

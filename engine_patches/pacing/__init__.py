@@ -1,2 +1,2 @@
-"""Emulating a target chip and model on a CPU worker (issue 8): the roofline time of a
-forward pass, and (to come) the hook that paces SGLang's forward passes to it."""
+"""Emulating a target chip and model on a CPU worker: the hook that paces SGLang's
+forward passes to their roofline time (the model itself is in :mod:`capacity`)."""

@@ -5,7 +5,7 @@ the target model's pass would on the target chips, times a dilation factor k (a 
 is slower than the chip it stands for, so the testbed runs k times slower than the
 real thing, and the network is slowed by the same k; see docs/heterogeneous.md).
 
-Lifecycle: a server started with ``PDD_PACING`` (a :class:`Pacing` as JSON) in its
+Lifecycle: a server started with ``PDD_PACING`` (a :class:`capacity.pacing.Pacing` as JSON) in its
 environment registers an AROUND hook on ``Scheduler.run_batch`` → each pass is
 timed → the hook sleeps until k x its modelled time has passed → one line per pass
 goes to the pacing log (mode, shape, modelled, real and paced seconds, and ``miss``
@@ -15,44 +15,15 @@ Without ``PDD_PACING`` nothing is registered and passes run at the CPU's speed.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import asdict, dataclass
 
-from engine_patches.pacing.roofline import Batch, Chip, TargetModel, step_time
+from capacity.pacing import Pacing
+from capacity.roofline import Batch
+from protocol.env import Env
+from protocol.records import JsonlWriter, PassRecord
 
 TARGET = "sglang.srt.managers.scheduler.Scheduler.run_batch"
-ENV = "PDD_PACING"
-
-
-@dataclass(frozen=True)
-class Pacing:
-    """What one server emulates: ``chips`` x ``chip`` running ``model``, k x slower."""
-
-    chip: Chip
-    model: TargetModel
-    chips: int = 1
-    dilation: float = 1.0
-    log_path: str = ""
-
-    def __post_init__(self) -> None:
-        if self.chips < 1 or self.dilation <= 0:
-            raise ValueError("pacing needs chips >= 1 and dilation > 0")
-
-    def to_env(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_env(cls, text: str) -> Pacing:
-        data = json.loads(text)
-        return cls(
-            Chip(**data["chip"]), TargetModel(**data["model"]),
-            data["chips"], data["dilation"], data["log_path"],
-        )  # fmt: skip
-
-    def paced_seconds(self, batch: Batch) -> float:
-        return self.dilation * step_time(batch, self.chip, self.model, self.chips).seconds
 
 
 def batch_shape(batch) -> tuple[str, Batch] | None:
@@ -72,6 +43,7 @@ def batch_shape(batch) -> tuple[str, Batch] | None:
 class Pacer:
     def __init__(self, pacing: Pacing):
         self.pacing = pacing
+        self.log = JsonlWriter(pacing.log_path or None)
 
     def around(self, original, scheduler, batch, *args, **kwargs):
         start = time.monotonic()
@@ -84,24 +56,26 @@ class Pacer:
         target = self.pacing.paced_seconds(shape)
         if real < target:
             time.sleep(target - real)
-        self._log(
-            mode=mode, seqs=len(shape.new_tokens), new_tokens=sum(shape.new_tokens),
-            context=sum(shape.context), modelled_s=target / self.pacing.dilation,
-            paced_s=target, real_s=real, miss=real > target,
-        )  # fmt: skip
+        self.log.write(
+            PassRecord(
+                time=time.time(),
+                mode=mode,
+                seqs=len(shape.new_tokens),
+                new_tokens=sum(shape.new_tokens),
+                context=sum(shape.context),
+                modelled_s=target / self.pacing.dilation,
+                paced_s=target,
+                real_s=real,
+                miss=real > target,
+            )
+        )
         return result
-
-    def _log(self, **fields) -> None:
-        if not self.pacing.log_path:
-            return
-        with open(self.pacing.log_path, "a") as f:
-            f.write(json.dumps({"time": time.time(), **fields}) + "\n")
 
 
 def register() -> None:
-    text = os.environ.get(ENV)
+    text = os.environ.get(Env.PACING)
     if not text:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    HookRegistry.register(TARGET, Pacer(Pacing.from_env(text)).around, HookType.AROUND)
+    HookRegistry.register(TARGET, Pacer(Pacing.from_json(text)).around, HookType.AROUND)

@@ -20,7 +20,6 @@ device-memory copy of received KV (the paper's +24.5 ms); it is left out, not fa
 from __future__ import annotations
 
 import csv
-import json
 import random
 import statistics
 import time
@@ -31,10 +30,18 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from reports.records import RequestRecord, read_records
+from protocol import headers
+from protocol.names import HandoffMode, Pipeline, Role
+from protocol.records import (
+    TRANSFER_LOG_SIDES,
+    HandoffRecord,
+    RequestRecord,
+    TransferRecord,
+    from_dict,
+    read_jsonl,
+    read_records,
+)
 from testbed.deployment import Deployment
-from testbed.router.pdd import HANDOFF_AT_HEADER, HANDOFF_MODE_HEADER
-from testbed.router.policies import P_MD, P_RLD_MD, PIPELINE_HEADER
 from testbed.scenario import Scenario
 from workloads.client import generate_payload
 
@@ -50,12 +57,6 @@ class BenchError(RuntimeError):
     """A trial did not measure what it claims (the run stops and says which)."""
 
 
-def _jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 class Trials:
     """One deployment, one request after another; each trial returns a row."""
 
@@ -64,23 +65,22 @@ class Trials:
         self.rng = random.Random(seed)
         self.client = httpx.Client(timeout=120)
         names = {s.role: s.name for s in d.servers}
-        self.prefill_log = d.transfer_log(names["prefill"])
-        self.md_log = d.transfer_log(names["main_decode"])
+        self.prefill_log = d.transfer_log(names[Role.PREFILL])
+        self.md_log = d.transfer_log(names[Role.MAIN_DECODE])
 
     def _prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(10, 4000) for _ in range(n)]
 
-    def _post(self, session: str, body: dict, headers: dict) -> RequestRecord:
+    def _post(self, session: str, body: dict, pins: dict) -> RequestRecord:
+        rid = f"{session}-{time.time()}"
         r = self.client.post(
             f"{self.d.router_url}/generate",
             json=body,
-            headers={"x-session-id": session, "x-request-id": session + "-" + str(time.time()),
-                     **headers},
-        )  # fmt: skip
+            headers={headers.SESSION: session, headers.REQUEST_ID: rid, **pins},
+        )
         if r.status_code != 200:
             raise BenchError(f"{session}: the router answered {r.status_code}: {r.text[:300]}")
         time.sleep(0.2)  # the router writes its record after the last token
-        rid = r.request.headers["x-request-id"]
         for rec in reversed(read_records(self.d.records_path)):
             if rec.request_id == rid:
                 if rec.status != "ok":
@@ -91,63 +91,77 @@ class Trials:
     def kv(self, i: int) -> dict:
         """Ship the KV of ``tokens`` new tokens over the WAN to an MD caching the rest."""
         session, base = f"kv-{i}", self._prompt(self.prompt_tokens)
-        pin = {PIPELINE_HEADER: P_MD}
+        pin = {headers.PIPELINE: Pipeline.P_MD}
         self._post(session, generate_payload(base, 1, False), pin)  # MD now caches `base`
         rec = self._post(session, generate_payload(base + self._prompt(self.tokens), 1, False), pin)
         sent = _room(self.prefill_log, rec.room, "prefill")
         got = _room(self.md_log, rec.room, "decode")
-        if got["status"] != "success" or sent["first_byte"] is None:
+        if not got.ok or sent.first_byte is None:
             raise BenchError(f"{session}: transfer of room {rec.room} did not succeed: {got}")
-        shipped = got["pages"] * got["page_size"]
-        if abs(shipped - self.tokens) >= got["page_size"]:
+        shipped = got.pages * got.page_size
+        if abs(shipped - self.tokens) >= got.page_size:
             raise BenchError(
                 f"{session}: {shipped} tokens of KV crossed the WAN, not {self.tokens} "
-                f"(main decode's cached prefix was {got['decode_prefix_len']})"
+                f"(main decode's cached prefix was {got.decode_prefix_len})"
             )
-        wire_s = got["end"] - sent["first_byte"]
-        return {
-            "path": "KV", "trial": i, "payload_bytes": got["kv_bytes"],
-            "wire_bytes": got["wire_bytes"], "latency_ms": wire_s * 1e3,
-            "wire_ms": wire_s * 1e3, "queued_ms": None,
-            "recompute_ms": None, "token_exact": None,
-        }  # fmt: skip
+        wire_ms = (got.end - sent.first_byte) * 1e3
+        return dict(
+            path="KV",
+            trial=i,
+            payload_bytes=got.kv_bytes,
+            wire_bytes=got.wire_bytes,
+            latency_ms=wire_ms,
+            wire_ms=wire_ms,
+            queued_ms=None,
+            recompute_ms=None,
+            token_exact=None,
+        )
 
     def token_ids(self, i: int) -> dict:
         """Hand ``tokens`` eager token ids to MD in one frame; MD extends them."""
         session, prompt = f"ids-{i}", self._prompt(self.prompt_tokens)
         # MD caches the prompt first, so its KV is held at once and the handoff is timed
         # alone (a cold prompt's KV could still be crossing a lossy WAN at the handoff).
-        self._post(session, generate_payload(prompt, 1, False), {PIPELINE_HEADER: P_MD})
+        self._post(session, generate_payload(prompt, 1, False), {headers.PIPELINE: Pipeline.P_MD})
         body = generate_payload(prompt, self.tokens + 4, False)
-        headers = {PIPELINE_HEADER: P_RLD_MD, HANDOFF_AT_HEADER: str(self.tokens + 1),
-                   HANDOFF_MODE_HEADER: "one-shot"}  # fmt: skip
-        rec = self._post(session, body, headers)
-        if rec.handoff_mode != "one-shot" or rec.handoff_tokens != self.tokens:
+        pins = {
+            headers.PIPELINE: Pipeline.P_RLD_MD,
+            headers.HANDOFF_AT: str(self.tokens + 1),
+            headers.HANDOFF_MODE: HandoffMode.ONE_SHOT,
+        }
+        rec = self._post(session, body, pins)
+        if rec.handoff_mode != HandoffMode.ONE_SHOT or rec.handoff_tokens != self.tokens:
             raise BenchError(
                 f"{session}: expected a one-shot handoff of {self.tokens} tokens, got "
                 f"{rec.handoff_mode} of {rec.handoff_tokens} ({rec.fallback or 'no fallback'})"
             )
         h = _room(self.md_log, rec.room, "handoff")
         kv = _room(self.md_log, rec.room, "decode")
-        if kv["end"] > h["received"]:
+        if kv.end > h.received:
             raise BenchError(
                 f"{session}: the handoff reached MD before the prompt's KV (which took "
-                f"{kv['end'] - kv['start']:.2f} s), so it would not time the handoff alone"
+                f"{kv.end - kv.start:.2f} s), so it would not time the handoff alone"
             )
         sent = rec.handoff_sent
-        return {
-            "path": "token ids", "trial": i, "payload_bytes": 4 * self.tokens,
-            "wire_bytes": h["frame_bytes"], "latency_ms": (h["extended_at"] - sent) * 1e3,
-            "wire_ms": (h["received"] - sent) * 1e3, "queued_ms": h["queued_s"] * 1e3,
-            "recompute_ms": h["forward_s"] * 1e3,
-            "token_exact": h["next_token"] == h["expected_next"] and not rec.handoff_mismatch,
-        }  # fmt: skip
+        exact = h.next_token == h.expected_next and not rec.handoff_mismatch
+        return dict(
+            path="token ids",
+            trial=i,
+            payload_bytes=4 * self.tokens,
+            wire_bytes=h.frame_bytes,
+            latency_ms=(h.extended_at - sent) * 1e3,
+            wire_ms=(h.received - sent) * 1e3,
+            queued_ms=h.queued_s * 1e3,
+            recompute_ms=h.forward_s * 1e3,
+            token_exact=exact,
+        )
 
 
-def _room(path: Path, room: int | None, side: str) -> dict:
-    for rec in reversed(_jsonl(path)):
-        if rec.get("room") == room and rec.get("side") == side:
-            return rec
+def _room(path: Path, room: int | None, side: str) -> TransferRecord | HandoffRecord:
+    lines = list(read_jsonl(path)) if path.exists() else []
+    for data in reversed(lines):
+        if data.get("room") == room and data.get("side") == side:
+            return from_dict(TRANSFER_LOG_SIDES[side], data)
     raise BenchError(f"no {side} record for room {room} in {path}")
 
 
@@ -198,16 +212,25 @@ def tables(summary: list[dict], tokens: int) -> tuple[Table, Table]:
         paper.add_column(col, justify="right", no_wrap=True)
     for r in summary:
         measured.add_row(
-            r["path"], str(r["trials"]), f"{r['payload_bytes']:,.0f}", f"{r['wire_bytes']:,.0f}",
-            f"{r['mean_ms']:.1f}", f"{r['p50_ms']:.1f}", f"{r['max_ms']:.1f}",
-            f"{r['std_ms']:.1f}", f"{r['max_ms'] / r['mean_ms']:.2f}",
-        )  # fmt: skip
+            r["path"],
+            str(r["trials"]),
+            f"{r['payload_bytes']:,.0f}",
+            f"{r['wire_bytes']:,.0f}",
+            f"{r['mean_ms']:.1f}",
+            f"{r['p50_ms']:.1f}",
+            f"{r['max_ms']:.1f}",
+            f"{r['std_ms']:.1f}",
+            f"{r['max_ms'] / r['mean_ms']:.2f}",
+        )
         p = PAPER[r["path"]]
         paper.add_row(
-            r["path"], f"{p['payload_bytes']:,}", f"{p['mean_ms']:.1f}", f"{p['max_ms']:.1f}",
+            r["path"],
+            f"{p['payload_bytes']:,}",
+            f"{p['mean_ms']:.1f}",
+            f"{p['max_ms']:.1f}",
             f"{p['std_ms']:.1f}" if p["std_ms"] is not None else "–",
             f"{p['max_ms'] / p['mean_ms']:.2f}",
-        )  # fmt: skip
+        )
     return measured, paper
 
 

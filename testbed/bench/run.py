@@ -19,14 +19,14 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from protocol import headers
+from protocol.names import HandoffMode, Pipeline
 from reports.render import write_report, write_sweep_report
 from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
-from testbed import emulation
+from testbed import dilation, planning
 from testbed.deployment import Deployment
 from testbed.model import describe as describe_model
-from testbed.router.pdd import HANDOFF_AT_HEADER, HANDOFF_MODE_HEADER
-from testbed.router.policies import P_RLD_MD, PIPELINE_HEADER
 from testbed.scenario import Scenario
 from testbed.workload_cli import locust_argv
 from topologies.check import check_network
@@ -115,13 +115,17 @@ def warm_up(deployment: Deployment, scenario: Scenario, out: Path) -> None:
     ignore the headers), so SGLang's first forward of each shape is not in the
     measured tail. Their records are kept apart, in warmup-records.jsonl."""
     rng = random.Random(0)
-    pin = {PIPELINE_HEADER: P_RLD_MD, HANDOFF_AT_HEADER: "9", HANDOFF_MODE_HEADER: "one-shot"}
-    for i, headers in enumerate(({}, pin)):
+    pin = {
+        headers.PIPELINE: Pipeline.P_RLD_MD,
+        headers.HANDOFF_AT: "9",
+        headers.HANDOFF_MODE: HandoffMode.ONE_SHOT,
+    }
+    for i, pins in enumerate(({}, pin)):
         prompt = [rng.randrange(10, scenario.workload.vocab_size) for _ in range(256)]
         r = httpx.post(
             f"{deployment.router_url}/generate",
             json=generate_payload(prompt, 16, False),
-            headers={"x-session-id": f"warmup-{i}", **headers},
+            headers={headers.SESSION: f"warmup-{i}", **pins},
             timeout=300,
         )
         if r.status_code != 200:
@@ -165,17 +169,19 @@ def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Co
     """Every system on one scenario (one sweep point) and the same trace."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tiny_kv = describe_model(scenario.model.resolve())["kv_bytes_per_token"]
-    emulated = emulation.record(scenario, tiny_kv)
+    target = scenario
+    emulated = dilation.record(scenario, tiny_kv)
     if emulated:
         (run_dir / "emulation.json").write_text(json.dumps(emulated, indent=2))
         (run_dir / "scenario-target.json").write_text(scenario.model_dump_json(indent=2))
-        scenario = emulation.for_testbed(scenario, tiny_kv)
+        scenario = dilation.for_testbed(scenario, tiny_kv)
         console.print(
             f"emulation: {emulated['model']} on {emulated['site_devices']}, "
             f"{emulated['chips_per_server']} chips per server; time dilation "
             f"x{emulated['dilation']:g}; WAN rate x{emulated['kv_scale']:.3f} for KV size"
         )
     trace = scenario.workload.materialize(run_dir)  # the same trace for every system
+    planning.write_tables(target, trace, run_dir)  # the planner's and bathtub's tables
     data = scenario.model_dump(mode="json")
     data["systems"] = systems
     (run_dir / "scenario.json").write_text(json.dumps(data, indent=2))

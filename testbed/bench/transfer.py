@@ -18,9 +18,10 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from reports.records import read_records
+from protocol import headers
+from protocol.metrics import PERCENTILES, percentile
+from protocol.records import read_records
 from testbed.deployment import Deployment
-from testbed.quickbench import percentile
 from testbed.scenario import Scenario, ServersSpec
 from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
@@ -54,7 +55,7 @@ def goodput_rows(run_dir: Path, rate_mbit: float, console: Console) -> list[dict
             r = httpx.post(
                 f"{d.router_url}/generate",
                 json=generate_payload(prompt, 1, False),
-                headers={"x-session-id": f"size-{size}"},
+                headers={headers.SESSION: f"size-{size}"},
                 timeout=600,
             )
             r.raise_for_status()
@@ -107,7 +108,7 @@ def baseline_ttft_rows(
                         client.post(
                             f"{d.router_url}/generate",
                             json=generate_payload(prompt, 32, True),
-                            headers={"x-session-id": f"s{i}", "x-turn": str(turn)},
+                            headers={headers.SESSION: f"s{i}", headers.TURN: str(turn)},
                         )
 
             with ThreadPoolExecutor(max_workers=2) as pool:
@@ -118,7 +119,7 @@ def baseline_ttft_rows(
         row = {
             "system": system,
             "requests": len(records),
-            **{f"ttft_p{p}_s": percentile(ttfts, p) for p in (50, 90, 99)},
+            **{f"ttft_p{p}_s": percentile(ttfts, p) for p in PERCENTILES},
         }
         console.print(
             f"  {system}: TTFT P50 {row['ttft_p50_s']:.3f} s, P99 {row['ttft_p99_s']:.3f} s"

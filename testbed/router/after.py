@@ -13,10 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from engine_patches.drc_align import ALIGN_PREFIX
-from engine_patches.kv_transfer.rooms import new_room
-from reports.records import RequestRecord
-from testbed.router.policies import P_MD, Route
+from protocol.names import HandoffMode, Pipeline
+from protocol.records import RequestRecord
+from protocol.rooms import align_rid, new_room
+from testbed.router.config import PddConfig
+from testbed.router.mirror import PrefixMirror
+from testbed.router.policies import Route
+from testbed.router.upstream import Upstream
 
 logger = logging.getLogger("pdd.router")
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
@@ -25,16 +28,15 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-
 class AfterRequest:
     """DRC alignment and the MD prefix mirror, after each request of a pdd router."""
 
-    def __init__(self, router) -> None:
-        self.router = router
+    def __init__(self, pdd: PddConfig, mirror: PrefixMirror, upstream: Upstream | None) -> None:
+        self.pdd, self.mirror, self.upstream = pdd, mirror, upstream
         # session → done once P caches the session's last exchange (set when the
         # request starts, so a next turn sent the moment the stream ends still waits)
         self.pending: dict[str, asyncio.Future] = {}
         # id(record) → settle_on_md's task, for requests relay decode finished first
         self.settling: dict[int, asyncio.Task] = {}
         # how long a next turn waits: a settle may take up to its own timeout
-        pdd = router.config.pdd if router is not None else None
-        self.wait_s = pdd.settle_timeout_s + 5 if pdd is not None else 30.0
+        self.wait_s = pdd.settle_timeout_s + 5
 
     async def before(self, session: str | None) -> asyncio.Future | None:
         """Wait until P caches the session's previous exchange; returns this request's
@@ -72,9 +74,10 @@ class AfterRequest:
 
     def _after(self, route: Route, body: dict, record: RequestRecord) -> asyncio.Task | None:
         prompt = body.get("input_ids")
-        ids = getattr(record, "output_ids", None)
+        ids = record.output_ids
         ended_on_md = record.status == "ok" and (
-            route.pipeline == P_MD or record.handoff_mode in ("one-shot", "catch-up")
+            route.pipeline == Pipeline.P_MD
+            or (record.handoff_mode is not None and HandoffMode(record.handoff_mode).ended_on_md)
         )
         if not ended_on_md or not isinstance(prompt, list) or not ids:
             return None
@@ -83,19 +86,19 @@ class AfterRequest:
     def remember(self, route: Route, body: dict, session: str | None, ids: list[int]):
         """MD now caches prompt + output: tell the mirror, and have P cache it too."""
         exchange = list(body["input_ids"]) + list(ids)
-        self.router.policy.mirror.add(exchange[:-1], session)  # the last token has no KV
-        if not self.router.config.pdd.align_prefill_cache:
+        self.mirror.add(exchange[:-1], session)  # the last token has no KV
+        if not self.pdd.align_prefill_cache or self.upstream is None:
             return None
         return asyncio.create_task(self._cache_on_prefill(route, exchange))
 
     async def _cache_on_prefill(self, route: Route, exchange: list[int]) -> None:
         room = new_room()
         body = {
-            "rid": f"{ALIGN_PREFIX}{room}",  # P inserts it into its prefix cache
+            "rid": align_rid(room),  # P inserts it into its prefix cache
             "input_ids": exchange,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "bootstrap_host": FAKE_BOOTSTRAP_HOST,
             "bootstrap_room": room,
         }
-        async with self.router.session.post(route.prefill.url + "/generate", json=body) as r:
+        async with self.upstream.post(route.prefill, "/generate", body) as r:
             await r.read()

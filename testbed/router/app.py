@@ -4,6 +4,7 @@ Per request: parse → the policy picks a route → for P/D routes, inject the b
 fields and POST prefill and decode together → relay the decode stream to the client,
 timing every token → write the RequestRecord (KV bytes joined from the transfer log).
 A prefill failure cancels the decode request and reaches the client as an error.
+PDD's relayed pipeline (P->RLD->MD) is :mod:`testbed.router.relay`.
 """
 
 from __future__ import annotations
@@ -13,19 +14,21 @@ import json
 import time
 import uuid
 
-from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
+from aiohttp import ClientError, web
 
-from engine_patches.kv_transfer.rooms import new_room
-from reports.records import RecordWriter, RequestRecord
+from protocol import headers
+from protocol.names import Pipeline
+from protocol.records import JsonlWriter, RequestRecord
+from protocol.rooms import new_room
+from protocol.stream import Chunk, OutputStream, error_event
 from testbed.router.after import AfterRequest
 from testbed.router.config import RouterConfig, ServerEntry
-from testbed.router.pdd import serve_relayed
-from testbed.router.policies import P_RLD_MD, PIPELINE_HEADER, Loads, Route, make_policy
+from testbed.router.policies import Loads, Route, make_policy
+from testbed.router.relay import RelayedPipeline
 from testbed.router.transfers import TransferIndex
-from workloads.client import new_output_ids
+from testbed.router.upstream import Upstream, UpstreamError, cached_tokens, lines, read_or_abort
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
-SESSION_HEADER, TURN_HEADER, REQUEST_HEADER = "x-session-id", "x-turn", "x-request-id"
 
 
 class Router:
@@ -33,12 +36,19 @@ class Router:
         self.config = config
         self.policy = make_policy(config)
         self.loads = Loads()
-        self.records = RecordWriter(config.records)
+        self.records = JsonlWriter(config.records)
         logs = [s.transfer_log for s in config.servers if s.transfer_log]
         self.transfers = TransferIndex(logs)
-        self.session: ClientSession | None = None
-        self.after = AfterRequest(self) if config.policy == "pdd" else None
+        self.upstream = Upstream(config.upstream_timeout_s)
         self._background: set[asyncio.Task] = set()  # work that outlives its request
+        self.after: AfterRequest | None = None
+        self.relayed: RelayedPipeline | None = None
+        if config.policy == "pdd":
+            pdd = self.policy.pdd
+            self.after = AfterRequest(pdd, self.policy.mirror, self.upstream)
+            self.relayed = RelayedPipeline(
+                pdd, self.upstream, self.loads, self.transfers, self.after, self.background
+            )
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=256 << 20)
@@ -50,19 +60,13 @@ class Router:
         return app
 
     async def _start(self, app) -> None:
-        # SGLang's HTTP server (uvicorn) closes idle keep-alive connections after 5 s; a
-        # request sent on one as it closes fails with "Server disconnected" (seen with
-        # think times of a few seconds). Closing them first, at 2 s, avoids the race.
-        self.session = ClientSession(
-            timeout=ClientTimeout(total=self.config.upstream_timeout_s),
-            connector=TCPConnector(keepalive_timeout=2.0),
-        )
+        await self.upstream.open()
 
     async def _stop(self, app) -> None:
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
-        await self.session.close()
+        await self.upstream.close()
 
     def background(self, coro) -> asyncio.Task:
         """Run ``coro`` past the request that started it (kept referenced, cancelled at
@@ -85,17 +89,20 @@ class Router:
             return web.json_response({"error": "request body is not JSON"}, status=400)
         if not isinstance(body, dict):
             return web.json_response({"error": "request body must be a JSON object"}, status=400)
+        turn = request.headers.get(headers.TURN)
         record = RequestRecord(
-            request_id=request.headers.get(REQUEST_HEADER) or uuid.uuid4().hex,
-            system=self.config.system, endpoint=request.path, arrival=arrival,
-            session_id=request.headers.get(SESSION_HEADER),
-            turn=int(request.headers[TURN_HEADER]) if TURN_HEADER in request.headers else None,
-        )  # fmt: skip
+            request_id=request.headers.get(headers.REQUEST_ID) or uuid.uuid4().hex,
+            system=self.config.system,
+            endpoint=request.path,
+            arrival=arrival,
+            session_id=request.headers.get(headers.SESSION),
+            turn=int(turn) if turn is not None else None,
+        )
         turn_done = None
         if self.after is not None:
             turn_done = await self.after.before(record.session_id)
         try:
-            pinned = request.headers.get(PIPELINE_HEADER)
+            pinned = request.headers.get(headers.PIPELINE)
             route = self.policy.choose(body, self.loads, record.session_id, pinned)
         except (LookupError, ValueError) as exc:
             if self.after is not None:
@@ -129,17 +136,18 @@ class Router:
     async def _serve(self, request, body, route: Route, record: RequestRecord):
         if route.prefill is None:
             return await self._relay(request, route.stream_from, body, record)
-        if route.pipeline == P_RLD_MD:
-            return await serve_relayed(self, request, body, route, record)
-        room = new_room()
-        record.room = room
+        if route.pipeline == Pipeline.P_RLD_MD:
+            return await self.relayed.serve(request, body, route, record)
+        room = record.room = new_room()
         pd_body = {
             **body,
             "bootstrap_host": route.prefill.host,
             "bootstrap_port": route.prefill.bootstrap_port,
             "bootstrap_room": room,
         }
-        prefill = asyncio.create_task(self._prefill(route.prefill, request.path, pd_body, record))
+        prefill = asyncio.create_task(
+            self.upstream.prefill(route.prefill, request.path, pd_body, record)
+        )
         decode = asyncio.create_task(
             self._relay(request, route.stream_from, pd_body, record, abort_if=prefill)
         )
@@ -149,15 +157,6 @@ class Router:
             if not prefill.done():
                 prefill.cancel()
 
-    async def _prefill(self, server: ServerEntry, path: str, body: dict, record: RequestRecord):
-        async with self.session.post(server.url + path, json={**body, "stream": False}) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                raise UpstreamError(f"prefill {server.name} answered {resp.status}: {text[:500]}")
-            data = json.loads(text)
-            record.cached_tokens_prefill = _cached_tokens(data)
-            return data
-
     async def _relay(
         self,
         request,
@@ -166,15 +165,14 @@ class Router:
         record: RequestRecord,
         abort_if: asyncio.Task | None = None,
     ) -> web.StreamResponse:
-        stream = bool(body.get("stream"))
+        """Pass one server's response through to the client, timing every token."""
         response: web.StreamResponse | None = None
         # A PD decode server answers only once it has the KV: if the prefill fails
         # first, fail now instead of when the transfer times out.
-        upstream = await _read_or_abort(self.session.post(server.url + request.path, json=body),
-                                        abort_if)  # fmt: skip
+        upstream = await read_or_abort(self.upstream.post(server, request.path, body), abort_if)
         try:
-            if not stream or upstream.status != 200:
-                text = await _read_or_abort(upstream.text(), abort_if)
+            if not body.get("stream") or upstream.status != 200:
+                text = await read_or_abort(upstream.text(), abort_if)
                 record.finish = time.time()
                 _record_final(record, text, upstream.status)
                 return web.Response(
@@ -182,11 +180,11 @@ class Router:
                 )
             response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
-            counter = TokenCounter(request.path)
+            out = OutputStream(native=request.path == "/generate")
             try:
-                async for line in _lines(upstream, abort_if):
+                async for line in lines(upstream, abort_if):
                     now = time.time()
-                    new = counter.feed(line, record)
+                    new = out.feed(Chunk.parse(line))
                     if new:
                         record.token_times.extend([now] * new)
                         record.first_token = record.first_token or now
@@ -195,16 +193,20 @@ class Router:
             except ConnectionError:
                 # The client left. After the last token that is normal (it stops reading
                 # at [DONE]); before it, the request did not complete.
-                if counter.done is False:
+                if not out.done:
                     record.status, record.error = "error", "client disconnected mid-stream"
-            record.output_tokens = counter.tokens
-            record.output_ids = counter.ids
+            if out.error:
+                record.status, record.error = "error", out.error
+            record.prompt_tokens = out.prompt_tokens
+            if record.prefill_server is None and out.cached_tokens is not None:
+                record.cached_tokens_prefill = out.cached_tokens  # colocated: one server
+            record.output_tokens, record.output_ids = out.tokens, out.ids
             record.finish = time.time()
             return response
         except UpstreamError as exc:
             record.status, record.error = "error", str(exc)
             if response is not None and response.prepared:
-                await response.write(f"data: {json.dumps({'error': str(exc)})}\n\n".encode())
+                await response.write(error_event(str(exc)))
                 await response.write_eof()
                 return response
             return web.json_response({"error": str(exc)}, status=502)
@@ -224,115 +226,18 @@ class Router:
         )
         if transfer is None:
             return
-        record.kv_bytes, record.kv_wire_bytes = transfer["kv_bytes"], transfer["wire_bytes"]
-        record.cached_tokens_decode = transfer["decode_prefix_len"]
-        if transfer["end"] and transfer.get("first_byte"):
-            record.kv_transfer_s = transfer["end"] - transfer["first_byte"]
+        record.kv_bytes, record.kv_wire_bytes = transfer.kv_bytes, transfer.wire_bytes
+        record.cached_tokens_decode = transfer.decode_prefix_len
+        record.kv_transfer_s = transfer.seconds
         record.kv_link = "lan" if route.prefill.site == server.site else "wan"
-        if transfer["status"] != "success" and record.fallback:
-            record.fallback = f"{record.fallback}; KV transfer: {transfer['reason']}"[:500]
-        elif transfer["status"] != "success" and record.status == "ok":
-            record.status, record.error = "error", f"KV transfer failed: {transfer['reason']}"
-
-
-class UpstreamError(RuntimeError):
-    pass
-
-
-async def _read_or_abort(coro, abort_if: asyncio.Task | None):
-    """Await ``coro``; if the prefill task fails first, raise its error instead."""
-    task = asyncio.ensure_future(coro)
-    if abort_if is None:
-        return await task
-    done, _ = await asyncio.wait({task, abort_if}, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        return task.result()
-    try:
-        _raise_if_failed(abort_if)
-    except UpstreamError:
-        task.cancel()  # closes the upstream connection: the server drops the request
-        raise
-    return await task
-
-
-def _raise_if_failed(task: asyncio.Task) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        raise UpstreamError(str(exc)) from exc
-
-
-async def _lines(upstream, abort_if: asyncio.Task | None):
-    """SSE lines from upstream; stops with UpstreamError if the prefill task fails."""
-    while True:
-        read = asyncio.ensure_future(upstream.content.readline())
-        if abort_if is not None and not abort_if.done():
-            done, _ = await asyncio.wait({read, abort_if}, return_when=asyncio.FIRST_COMPLETED)
-            if read not in done:
-                try:
-                    _raise_if_failed(abort_if)
-                except UpstreamError:
-                    read.cancel()
-                    raise
-        line = await read
-        if not line:
-            return
-        yield line
-
-
-class TokenCounter:
-    """Counts tokens in an SGLang SSE stream (native or OpenAI)."""
-
-    def __init__(self, path: str) -> None:
-        self.native = path == "/generate"
-        self.tokens = 0
-        self.ids: list[int] = []  # native only
-        self.done = False  # saw [DONE] or a finish reason
-
-    def feed(self, line: bytes, record: RequestRecord) -> int:
-        text = line.decode(errors="replace").strip()
-        if text.startswith("data:") and text[5:].strip() == "[DONE]":
-            self.done = True
-        if not text.startswith("data:") or text[5:].strip() == "[DONE]":
-            return 0
-        try:
-            chunk = json.loads(text[5:])
-        except json.JSONDecodeError:
-            return 0
-        if "error" in chunk:
-            record.status, record.error = "error", str(chunk["error"])[:500]
-            return 0
-        if self.native:
-            meta = chunk.get("meta_info", {})
-            total = int(meta.get("completion_tokens", self.tokens))
-            record.prompt_tokens = meta.get("prompt_tokens", record.prompt_tokens)
-            if record.prefill_server is None and "cached_tokens" in meta:
-                record.cached_tokens_prefill = meta["cached_tokens"]  # colocated: one server
-            self.done = self.done or bool(meta.get("finish_reason"))
-            new, self.tokens = max(0, total - self.tokens), max(total, self.tokens)
-            self.ids += new_output_ids(chunk, len(self.ids))
-            return new
-        usage = chunk.get("usage")
-        if usage:
-            record.prompt_tokens = usage.get("prompt_tokens")
-        new = sum(
-            1
-            for c in chunk.get("choices", [])
-            if (c.get("delta") or {}).get("content") or c.get("text")
-        )
-        self.tokens += new
-        return new
-
-
-def _cached_tokens(data: dict) -> int | None:
-    if "meta_info" in data:
-        return data["meta_info"].get("cached_tokens")
-    details = (data.get("usage") or {}).get("prompt_tokens_details") or {}
-    return details.get("cached_tokens")
+        if not transfer.ok and record.fallback:
+            record.fallback = f"{record.fallback}; KV transfer: {transfer.reason}"[:500]
+        elif not transfer.ok and record.status == "ok":
+            record.status, record.error = "error", f"KV transfer failed: {transfer.reason}"
 
 
 def _record_final(record: RequestRecord, text: str, status: int) -> None:
+    """A non-streamed response (or an error) into the record."""
     if status != 200:
         record.status, record.error = "error", f"HTTP {status}: {text[:500]}"
         return
@@ -347,7 +252,7 @@ def _record_final(record: RequestRecord, text: str, status: int) -> None:
         record.output_ids = list(data.get("output_ids") or [])
         record.prompt_tokens = meta.get("prompt_tokens")
         if record.prefill_server is None:
-            record.cached_tokens_prefill = meta.get("cached_tokens")
+            record.cached_tokens_prefill = cached_tokens(data)
     elif "usage" in data:
         record.output_tokens = int(data["usage"].get("completion_tokens", 0))
         record.prompt_tokens = data["usage"].get("prompt_tokens")

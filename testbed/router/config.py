@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SERVER_ROLES = ("colocated", "prefill", "decode", "relay_decode", "main_decode")
+from protocol.names import Role
 
 
 class ServerEntry(BaseModel):
@@ -14,7 +14,7 @@ class ServerEntry(BaseModel):
 
     name: str
     url: str = Field(..., description="http://host:port of the SGLang server.")
-    role: str = Field(..., description=f"One of {SERVER_ROLES}.")
+    role: Role = Field(..., description="What the server does (protocol.names.Role).")
     site: str = "A"
     host: str = Field(..., description="Address other servers use (bootstrap host).")
     bootstrap_port: int | None = Field(None, description="Prefill servers: KV listener port.")

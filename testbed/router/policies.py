@@ -6,24 +6,20 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from protocol import headers
+from protocol.names import Pipeline, Role
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
 from testbed.router.mirror import PrefixMirror
 
 
 @dataclass(frozen=True)
 class Route:
-    pipeline: str  # recorded as RequestRecord.pipeline
+    pipeline: Pipeline  # recorded as RequestRecord.pipeline
     reason: str
     stream_from: ServerEntry  # the server whose stream the client sees (first)
     prefill: ServerEntry | None = None
     main_decode: ServerEntry | None = None  # P->RLD->MD: who takes over after the handoff
     predicted_wan_s: float | None = None
-
-
-# Pipelines, as recorded in RequestRecord.pipeline
-P_MD, P_RLD_MD, RLD_ONLY = "P->MD", "P->RLD->MD", "RLD-only"
-# Experiments (make bench-handoff) and tests pin a request's pipeline with this header.
-PIPELINE_HEADER = "x-pdd-pipeline"
 
 
 class Loads:
@@ -53,17 +49,17 @@ class ColocatedPolicy(Policy):
     """One server prefills and decodes."""
 
     def choose(self, body, loads, session=None, pinned=None):
-        server = loads.least_loaded(self.config.with_role("colocated"))
-        return Route("colocated", "single server", server)
+        server = loads.least_loaded(self.config.with_role(Role.COLOCATED))
+        return Route(Pipeline.COLOCATED, "single server", server)
 
 
 class PrefillDecodePolicy(Policy):
     """A prefill and a decode server per request, each the least loaded of its role."""
 
     def choose(self, body, loads, session=None, pinned=None):
-        prefill = loads.least_loaded(self.config.with_role("prefill"))
-        decode = loads.least_loaded(self.config.with_role("decode", "main_decode"))
-        return Route("P->D", "disaggregated baseline", decode, prefill)
+        prefill = loads.least_loaded(self.config.with_role(Role.PREFILL))
+        decode = loads.least_loaded(self.config.with_role(Role.DECODE, Role.MAIN_DECODE))
+        return Route(Pipeline.P_D, "disaggregated baseline", decode, prefill)
 
 
 class PddPolicy(Policy):
@@ -80,40 +76,47 @@ class PddPolicy(Policy):
         route = self._choose(body, loads, session)
         if pinned is None or pinned == route.pipeline:
             return route
-        relay = loads.least_loaded(self.config.with_role("relay_decode"))
-        main = loads.least_loaded(self.config.with_role("main_decode"))
-        servers = {P_MD: (main, None), P_RLD_MD: (relay, main), RLD_ONLY: (relay, None)}
-        if pinned not in servers:
-            raise ValueError(f"{PIPELINE_HEADER}: unknown pipeline {pinned!r}")
-        if pinned == P_RLD_MD and prompt_tokens(body) is None:
-            raise ValueError(f"{PIPELINE_HEADER}: {P_RLD_MD} needs token ids (native /generate)")
+        relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
+        main = loads.least_loaded(self.config.with_role(Role.MAIN_DECODE))
+        servers = {
+            Pipeline.P_MD: (main, None),
+            Pipeline.P_RLD_MD: (relay, main),
+            Pipeline.RLD_ONLY: (relay, None),
+        }
+        if pinned not in servers:  # a StrEnum key matches its plain string
+            raise ValueError(f"{headers.PIPELINE}: unknown pipeline {pinned!r}")
+        if pinned == Pipeline.P_RLD_MD and prompt_tokens(body) is None:
+            raise ValueError(
+                f"{headers.PIPELINE}: {Pipeline.P_RLD_MD} needs token ids (native /generate)"
+            )
+        pinned = Pipeline(pinned)
         stream_from, then = servers[pinned]
-        prefill = loads.least_loaded(self.config.with_role("prefill"))
-        reason = f"pinned by {PIPELINE_HEADER} (the policy chose {route.pipeline})"
+        prefill = loads.least_loaded(self.config.with_role(Role.PREFILL))
+        reason = f"pinned by {headers.PIPELINE} (the policy chose {route.pipeline})"
         return Route(pinned, reason, stream_from, prefill, then, route.predicted_wan_s)
 
     def _choose(self, body, loads, session: str | None):
         pdd = self.pdd
-        prefill = loads.least_loaded(self.config.with_role("prefill"))
-        relay = loads.least_loaded(self.config.with_role("relay_decode"))
-        main = loads.least_loaded(self.config.with_role("main_decode"))
+        prefill = loads.least_loaded(self.config.with_role(Role.PREFILL))
+        relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
+        main = loads.least_loaded(self.config.with_role(Role.MAIN_DECODE))
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
         n_out = max_new_tokens(body)
         if n_in >= pdd.anomalous_min_input and n_out <= pdd.anomalous_max_output:
             reason = f"anomalous: {n_in} input tokens, {n_out} output"
-            return Route(RLD_ONLY, reason, relay, prefill, predicted_wan_s=0.0)
+            return Route(Pipeline.RLD_ONLY, reason, relay, prefill, predicted_wan_s=0.0)
         hit = self.mirror.predicted_hit(prompt, session) if prompt is not None else 0
         wan_s = (n_in - hit) * pdd.kv_bytes_per_token * 8 / (pdd.wan_rate_mbit * 1e6)
         bound = f"{wan_s * 1e3:.0f} ms predicted WAN time ({n_in - hit} uncached tokens)"
         if wan_s <= pdd.direct_wan_bound_s:
             reason = f"{bound} <= {pdd.direct_wan_bound_s * 1e3:.0f} ms"
-            return Route(P_MD, reason, main, prefill, predicted_wan_s=wan_s)
+            return Route(Pipeline.P_MD, reason, main, prefill, predicted_wan_s=wan_s)
         if prompt is None:
             reason = f"{bound}; relaying needs token ids (native /generate), so P->MD"
-            return Route(P_MD, reason, main, prefill, predicted_wan_s=wan_s)
+            return Route(Pipeline.P_MD, reason, main, prefill, predicted_wan_s=wan_s)
         reason = f"{bound} > {pdd.direct_wan_bound_s * 1e3:.0f} ms"
-        return Route(P_RLD_MD, reason, relay, prefill, main, predicted_wan_s=wan_s)
+        return Route(Pipeline.P_RLD_MD, reason, relay, prefill, main, predicted_wan_s=wan_s)
 
 
 def prompt_tokens(body: dict) -> list[int] | None:
@@ -126,8 +129,12 @@ def prompt_tokens(body: dict) -> list[int] | None:
 def max_new_tokens(body: dict) -> int:
     """The expected output length: the request's own bound (SGLang's default 128)."""
     params = body.get("sampling_params") or {}
-    for value in (params.get("max_new_tokens"), body.get("max_tokens"),
-                  body.get("max_completion_tokens")):  # fmt: skip
+    bounds = (
+        params.get("max_new_tokens"),
+        body.get("max_tokens"),
+        body.get("max_completion_tokens"),
+    )
+    for value in bounds:
         if value is not None:
             return int(value)
     return 128

@@ -29,11 +29,17 @@ def test_extend_attention_matches_sglangs_torch_native(prefixes, extends, gqa):
         used += n
     query = torch.randn(sum(extends), heads, dim)
     args = dict(
-        k_cache=k_cache, v_cache=v_cache, req_to_token=req_to_token,
-        req_pool_indices=torch.arange(len(seq_lens)), seq_lens=torch.tensor(seq_lens),
-        extend_prefix_lens=torch.tensor(prefixes), extend_seq_lens=torch.tensor(extends),
-        scaling=dim**-0.5, enable_gqa=gqa, causal=True,
-    )  # fmt: skip
+        k_cache=k_cache,
+        v_cache=v_cache,
+        req_to_token=req_to_token,
+        req_pool_indices=torch.arange(len(seq_lens)),
+        seq_lens=torch.tensor(seq_lens),
+        extend_prefix_lens=torch.tensor(prefixes),
+        extend_seq_lens=torch.tensor(extends),
+        scaling=dim**-0.5,
+        enable_gqa=gqa,
+        causal=True,
+    )
     want = original(None, query, torch.zeros_like(query), **args)
     got = extend_attention.extend_forward(None, query, torch.zeros_like(query), **args)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import importlib
 
 from engine_patches import drc_align
-from engine_patches.handoff.messages import Extended, Handoff, Ready
 from engine_patches.handoff.register import TARGETS
-from engine_patches.kv_transfer.messages import HEADER
-from engine_patches.kv_transfer.rooms import is_dual_path, legs_expected, new_room
+from protocol.frames import HEADER
+from protocol.handoff import Extended, Handoff, Ready
+from protocol.rooms import is_dual_path, legs_expected, new_room
 
 
 def test_a_handoff_frame_is_four_bytes_per_token_plus_a_fixed_header():

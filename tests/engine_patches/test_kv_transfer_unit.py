@@ -9,17 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine_patches.kv_transfer.messages import (
-    HEADER,
-    Done,
-    KvChunkHeader,
-    MsgType,
-    ProtocolError,
-    TransferRequest,
-    recv_frame,
-    send_frame,
-)
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
+from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame
+from protocol.kv import Done, KvChunkHeader, TransferRequest
 
 
 def test_transfer_request_round_trip():

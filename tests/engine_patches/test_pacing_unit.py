@@ -14,9 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine_patches.pacing.hook import Pacer, Pacing, batch_shape
-from engine_patches.pacing.roofline import Batch, step_time
-from testbed.profiles import devices, models
+from capacity.pacing import Pacing
+from capacity.profiles import devices, models
+from capacity.roofline import Batch, step_time
+from engine_patches.pacing.hook import Pacer, batch_shape
 
 MODEL = models()["1T-moe"].target()
 CHIP = devices()["GPU-B"].chip()
@@ -87,6 +88,6 @@ def test_passes_without_a_forward_are_not_paced():
 
 def test_pacing_round_trips_through_the_environment():
     pacing = Pacing(CHIP, MODEL, chips=4, dilation=12.5, log_path="/tmp/x")
-    assert Pacing.from_env(pacing.to_env()) == pacing
+    assert Pacing.from_json(pacing.to_json()) == pacing
     with pytest.raises(ValueError):
         Pacing(CHIP, MODEL, chips=0)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reports.cost import CostTable, Deployment, bcr, relative_change
-from reports.records import RequestRecord
+from protocol.records import RequestRecord
+from reports.cost import CostTable, Hardware, bcr, relative_change
 from reports.sla import SLA, attainment, sla_goodput, span_s
 
 
@@ -49,18 +49,18 @@ def test_goodput_counts_met_requests_over_the_span():
 def test_pdd_cost_table_shape():
     # PDD: GPU-B priced 20-30% above GPU-A → PDD's hardware is 3.5-7.1% cheaper; both
     # ends follow with one line costing about a third of a GPU-A.
-    same_site = Deployment(accelerators={"A": 88})
+    same_site = Hardware(accelerators={"A": 88})
     for b_price, saving in ((1.2, 0.071), (1.3, 0.035)):
         table = CostTable(accelerators={"A": 1.0, "B": b_price}, wan_line=0.35)
-        pdd = Deployment(accelerators={"A": 43, "B": 32}, wan_lines=1)
+        pdd = Hardware(accelerators={"A": 43, "B": 32}, wan_lines=1)
         change = relative_change(pdd.cost(table), same_site.cost(table))
         assert change == pytest.approx(-saving, abs=0.002)
 
 
 def test_bcr_and_its_gain():
     table = CostTable(accelerators={"A": 2.0, "B": 2.5}, wan_line=1.0)
-    base = bcr(10.0, Deployment(accelerators={"A": 4}).cost(table))
-    pdd = bcr(12.0, Deployment(accelerators={"A": 2, "B": 1}, wan_lines=1).cost(table))
+    base = bcr(10.0, Hardware(accelerators={"A": 4}).cost(table))
+    pdd = bcr(12.0, Hardware(accelerators={"A": 2, "B": 1}, wan_lines=1).cost(table))
     assert base == pytest.approx(10 / 8) and pdd == pytest.approx(12 / 7.5)
     assert relative_change(pdd, base) == pytest.approx(0.28)
 
@@ -69,4 +69,4 @@ def test_bad_tables_are_refused():
     with pytest.raises(ValueError, match="positive"):
         CostTable(accelerators={"A": 0.0})
     with pytest.raises(ValueError, match="no price"):
-        Deployment(accelerators={"C": 1}).cost(CostTable(accelerators={"A": 1.0}))
+        Hardware(accelerators={"C": 1}).cost(CostTable(accelerators={"A": 1.0}))

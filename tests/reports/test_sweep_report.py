@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
-from reports.records import RequestRecord
+from protocol.records import RequestRecord
 from reports.render import write_reports
 from testbed.scenario import Scenario
 
@@ -27,10 +27,16 @@ def write_point(point_dir, scenario: Scenario, ttft_by_system: dict[str, float])
             for i in range(10):
                 t = float(i)
                 r = RequestRecord(
-                    request_id=f"{system}{i}", system=system, endpoint="/generate",
-                    arrival=t, first_token=t + ttft, finish=t + ttft + 0.05,
-                    token_times=[t + ttft, t + ttft + 0.05], output_tokens=2, prompt_tokens=100,
-                )  # fmt: skip
+                    request_id=f"{system}{i}",
+                    system=system,
+                    endpoint="/generate",
+                    arrival=t,
+                    first_token=t + ttft,
+                    finish=t + ttft + 0.05,
+                    token_times=[t + ttft, t + ttft + 0.05],
+                    output_tokens=2,
+                    prompt_tokens=100,
+                )
                 f.write(json.dumps(asdict(r)) + "\n")
 
 

@@ -39,10 +39,21 @@ def leftover_processes(run_root) -> list[str]:
 def test_sigterm_tears_down_and_marks_the_system_incomplete(tmp_path):
     assert not bench_namespaces(), "a bench network is already up"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "testbed.cli", "bench", "same_site", "--system", "colocated",
-         "--out", str(tmp_path)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "testbed.cli",
+            "bench",
+            "same_site",
+            "--system",
+            "colocated",
+            "--out",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while not list(tmp_path.glob("bench-*/colocated/manifest.json")):  # servers are up

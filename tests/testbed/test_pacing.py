@@ -14,8 +14,8 @@ import statistics
 import httpx
 import pytest
 
-from engine_patches.pacing.roofline import Batch, step_time
-from testbed.emulation import EmulationSpec, pacing_env
+from capacity.roofline import Batch, step_time
+from testbed.dilation import EmulationSpec, pacing_env
 from testbed.scenario import Scenario
 from testbed.server import ServerSpec, SGLangServer
 from tests.conftest import reference_output
@@ -47,7 +47,7 @@ def paced(tiny_model, tmp_path_factory):
 
 
 def modelled(batch: Batch) -> float:
-    from testbed.profiles import devices, models
+    from capacity.profiles import devices, models
 
     chip, model = devices()["GPU-B"].chip(), models()["1T-moe"].target()
     return K * step_time(batch, chip, model, CHIPS).seconds

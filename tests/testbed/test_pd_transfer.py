@@ -15,7 +15,8 @@ import time
 import httpx
 import pytest
 
-from reports.records import read_records
+from protocol import headers
+from protocol.records import read_records
 from testbed.deployment import Deployment
 from testbed.scenario import Scenario, ServersSpec
 from tests.conftest import reference_output
@@ -45,7 +46,7 @@ def generate(pd: Deployment, prompt: list[int], session: str, turn: int, timeout
     r = httpx.post(
         f"{pd.router_url}/generate",
         json=generate_payload(prompt, NEW_TOKENS, False),
-        headers={"x-session-id": session, "x-turn": str(turn)},
+        headers={headers.SESSION: session, headers.TURN: str(turn)},
         timeout=timeout,
     )
     assert r.status_code == 200, r.text[:1000]
@@ -106,7 +107,7 @@ def test_wan_cut_mid_transfer_fails_clearly_then_servers_recover(pd, colocated):
         r = httpx.post(
             f"{pd.router_url}/generate",
             json=generate_payload(prompt, NEW_TOKENS, True),
-            headers={"x-session-id": "s-cut"},
+            headers={headers.SESSION: "s-cut"},
             timeout=120,
         )
         result.update(status=r.status_code, text=r.text, elapsed=time.monotonic() - t0)
@@ -150,7 +151,7 @@ def test_openai_endpoints_stream_through_the_router(pd):
         f"{pd.router_url}/v1/chat/completions",
         json=body,
         timeout=120,
-        headers={"x-session-id": "s-chat"},
+        headers={headers.SESSION: "s-chat"},
     ) as r:
         assert r.status_code == 200
         chunks = [

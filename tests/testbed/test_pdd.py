@@ -14,8 +14,9 @@ import time
 import httpx
 import pytest
 
-from engine_patches.handoff.messages import Handoff
-from reports.records import read_records
+from protocol import headers
+from protocol.handoff import Handoff
+from protocol.records import read_records
 from testbed.deployment import Deployment
 from testbed.router.config import PddConfig
 from testbed.scenario import Scenario, ServersSpec
@@ -40,12 +41,13 @@ def pdd(tmp_path_factory):
         yield deployment
 
 
-def stream(pdd: Deployment, prompt, new_tokens, session, turn=0, headers=None) -> list[int]:
+def stream(pdd: Deployment, prompt, new_tokens, session, turn=0, pins=None) -> list[int]:
     ids = []
-    hdrs = {"x-session-id": session, "x-turn": str(turn), **(headers or {})}
+    hdrs = {headers.SESSION: session, headers.TURN: str(turn), **(pins or {})}
     payload = generate_payload(prompt, new_tokens, True)
-    with httpx.stream("POST", f"{pdd.router_url}/generate", json=payload, headers=hdrs,
-                      timeout=300) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", f"{pdd.router_url}/generate", json=payload, headers=hdrs, timeout=300
+    ) as r:
         assert r.status_code == 200
         for new, _ in iter_new_tokens(r.iter_lines()):
             ids += new
@@ -78,8 +80,8 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     new_tokens = size + 24
     session = f"exact-{mode}-{size}"
     before = len(handoff_log(pdd))
-    pin = {"x-pdd-handoff-at": str(size + 1), "x-pdd-handoff-mode": mode}
-    got = stream(pdd, prompt, new_tokens, session, headers=pin)
+    pin = {headers.HANDOFF_AT: str(size + 1), headers.HANDOFF_MODE: mode}
+    got = stream(pdd, prompt, new_tokens, session, pins=pin)
     assert got == reference_output(colocated, prompt, new_tokens)
     rec = record_of(pdd, session)
     assert rec.pipeline == "P->RLD->MD" and rec.handoff_mode == mode

@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import pytest
 
+from protocol.names import Pipeline
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
-from testbed.router.policies import P_MD, P_RLD_MD, RLD_ONLY, Loads, PddPolicy
+from testbed.router.policies import Loads, PddPolicy
 
 
 def policy(**pdd) -> PddPolicy:
     servers = [
         ServerEntry(name=n, url=f"http://{n}:1", role=r, host=n, site=s)
-        for n, r, s in (("p", "prefill", "A"), ("rld", "relay_decode", "A"),
-                        ("md", "main_decode", "B"))
-    ]  # fmt: skip
+        for n, r, s in (
+            ("p", "prefill", "A"),
+            ("rld", "relay_decode", "A"),
+            ("md", "main_decode", "B"),
+        )
+    ]
     pdd_config = PddConfig(wan_rate_mbit=100, kv_bytes_per_token=8192, **pdd)
     config = RouterConfig(
         system="pdd", policy="pdd", servers=servers, records="/dev/null", pdd=pdd_config
@@ -23,46 +27,48 @@ def policy(**pdd) -> PddPolicy:
 
 
 def body(n_in: int, n_out: int = 64, start: int = 0) -> dict:
-    return {"input_ids": list(range(start, start + n_in)),
-            "sampling_params": {"max_new_tokens": n_out}}  # fmt: skip
+    return {
+        "input_ids": list(range(start, start + n_in)),
+        "sampling_params": {"max_new_tokens": n_out},
+    }
 
 
 def test_routing_follows_the_predicted_wan_time_on_both_sides_of_the_bound():
     p = policy(direct_wan_bound_s=0.1)  # 0.1 s at 100 Mbit/s = 152 tokens of 8 KB
     below, above = p.choose(body(152), Loads()), p.choose(body(153), Loads())
-    assert below.pipeline == P_MD and below.stream_from.name == "md"
-    assert above.pipeline == P_RLD_MD and above.main_decode.name == "md"
+    assert below.pipeline == Pipeline.P_MD and below.stream_from.name == "md"
+    assert above.pipeline == Pipeline.P_RLD_MD and above.main_decode.name == "md"
     assert above.stream_from.name == "rld" and above.predicted_wan_s > 0.1
 
 
 def test_the_mirror_of_mds_cache_makes_a_long_follow_up_turn_cheap():
     p = policy(direct_wan_bound_s=0.1)
     first = body(2000)
-    assert p.choose(first, Loads(), "s").pipeline == P_RLD_MD
+    assert p.choose(first, Loads(), "s").pipeline == Pipeline.P_RLD_MD
     p.mirror.add(first["input_ids"] + [7] * 50, "s")  # MD cached the exchange
     follow = {**first, "input_ids": first["input_ids"] + [7] * 50 + [9] * 100}
     route = p.choose(follow, Loads(), "s")
-    assert route.pipeline == P_MD and "100 uncached" in route.reason
+    assert route.pipeline == Pipeline.P_MD and "100 uncached" in route.reason
 
 
 def test_anomalous_requests_are_finished_on_relay_decode():
     p = policy(anomalous_min_input=1000, anomalous_max_output=8)
-    assert p.choose(body(1000, 8), Loads()).pipeline == RLD_ONLY
-    assert p.choose(body(1000, 9), Loads()).pipeline == P_RLD_MD
-    assert p.choose(body(999, 8), Loads()).pipeline == P_RLD_MD
+    assert p.choose(body(1000, 8), Loads()).pipeline == Pipeline.RLD_ONLY
+    assert p.choose(body(1000, 9), Loads()).pipeline == Pipeline.P_RLD_MD
+    assert p.choose(body(999, 8), Loads()).pipeline == Pipeline.P_RLD_MD
 
 
 def test_a_pinned_pipeline_overrides_the_policy_and_says_so():
     p = policy(direct_wan_bound_s=0.1)
-    pinned = p.choose(body(2000), Loads(), pinned=P_MD)
-    assert pinned.pipeline == P_MD and pinned.stream_from.name == "md"
-    assert "pinned" in pinned.reason and P_RLD_MD in pinned.reason  # what the policy chose
-    relayed = p.choose(body(10), Loads(), pinned=P_RLD_MD)
+    pinned = p.choose(body(2000), Loads(), pinned=Pipeline.P_MD)
+    assert pinned.pipeline == Pipeline.P_MD and pinned.stream_from.name == "md"
+    assert "pinned" in pinned.reason and Pipeline.P_RLD_MD in pinned.reason  # what the policy chose
+    relayed = p.choose(body(10), Loads(), pinned=Pipeline.P_RLD_MD)
     assert (relayed.stream_from.name, relayed.main_decode.name) == ("rld", "md")
     with pytest.raises(ValueError, match="unknown pipeline"):
         p.choose(body(10), Loads(), pinned="P->X")
     with pytest.raises(ValueError, match="token ids"):
-        p.choose({"text": "hello", "max_tokens": 4}, Loads(), pinned=P_RLD_MD)
+        p.choose({"text": "hello", "max_tokens": 4}, Loads(), pinned=Pipeline.P_RLD_MD)
 
 
 def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
@@ -70,11 +76,12 @@ def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
     that next turn (it once resolved the next turn's own future, a 30 s stall)."""
     import asyncio
 
-    from reports.records import RequestRecord
+    from protocol.records import RequestRecord
     from testbed.router.after import AfterRequest
+    from testbed.router.mirror import PrefixMirror
 
     async def two_turns():
-        after = AfterRequest(router=None)
+        after = AfterRequest(PddConfig(), PrefixMirror(), None)
         first = await after.before("s")
         second = asyncio.create_task(after.before("s"))  # the next turn arrives early
         await asyncio.sleep(0.01)
@@ -97,11 +104,12 @@ def test_a_next_turn_waits_for_its_previous_turn_to_settle_on_md():
     only sleeps."""
     import asyncio
 
-    from reports.records import RequestRecord
+    from protocol.records import RequestRecord
     from testbed.router.after import AfterRequest
+    from testbed.router.mirror import PrefixMirror
 
     async def two_turns():
-        after = AfterRequest(router=None)
+        after = AfterRequest(PddConfig(), PrefixMirror(), None)
         first = await after.before("s")
         record = RequestRecord(
             request_id="r", system="pdd", endpoint="/generate", arrival=0, session_id="s"

@@ -12,7 +12,7 @@ from dataclasses import replace
 import httpx
 import pytest
 
-from reports.metrics import Metric
+from protocol.metrics import Metric
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.workload_cli import LOCUSTFILE
 from workloads.generator import AgenticConfig, generate

@@ -32,16 +32,38 @@ class UserspaceEmulator(LinkEmulator):
     name = "userspace"
 
     def probe(self) -> str | None:
-        return probe_in_scratch_namespace([
-            ["tc", "qdisc", "add", "dev", "d0", "root", "handle", "1:", "htb", "default", "1"],
-            ["iptables", "-A", "FORWARD", "-o", "d0", "-j", "NFQUEUE", "--queue-num", "0"],
-            ["nft", "add", "table", "inet", "probe"],
-            ["nft", "add", "chain", "inet", "probe", "c",
-             "{ type filter hook prerouting priority -300; policy accept; }"],
-            ["nft", "add", "rule", "inet", "probe", "c", "numgen", "random", "mod", "100",
-             "<", "1", "drop"],
-            ["ethtool", "-k", "d0"],
-        ])  # fmt: skip
+        return probe_in_scratch_namespace(
+            [
+                ["tc", "qdisc", "add", "dev", "d0", "root", "handle", "1:", "htb", "default", "1"],
+                ["iptables", "-A", "FORWARD", "-o", "d0", "-j", "NFQUEUE", "--queue-num", "0"],
+                ["nft", "add", "table", "inet", "probe"],
+                [
+                    "nft",
+                    "add",
+                    "chain",
+                    "inet",
+                    "probe",
+                    "c",
+                    "{ type filter hook prerouting priority -300; policy accept; }",
+                ],
+                [
+                    "nft",
+                    "add",
+                    "rule",
+                    "inet",
+                    "probe",
+                    "c",
+                    "numgen",
+                    "random",
+                    "mod",
+                    "100",
+                    "<",
+                    "1",
+                    "drop",
+                ],
+                ["ethtool", "-k", "d0"],
+            ]
+        )
 
     def apply(
         self, name: str, a: LinkEnd, b: LinkEnd, spec: LinkSpec, log_dir: Path

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine_patches.pacing.roofline import Batch, step_time
-from testbed.profiles import devices, models
+from capacity.profiles import devices, models
+from capacity.roofline import Batch, step_time
 
 MODEL = models()["1T-moe"].target()
 A, B = devices()["GPU-A"].chip(), devices()["GPU-B"].chip()

@@ -1,4 +1,4 @@
-"""Emulation mode (issue 8): servers stand for target chips running a target model.
+"""Time dilation (emulation mode): servers stand for target chips running a target model.
 
 A scenario's ``emulation:`` block names the target model; each site's servers stand for
 ``chips_per_server`` chips of the type ``cost.site_accelerators`` gives the site. Its
@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_patches.pacing.hook import ENV, Pacing
-from testbed.profiles import devices, models
+from capacity.pacing import Pacing
+from capacity.profiles import devices, models
+from protocol.env import Env
 
 
 class EmulationSpec(BaseModel):
@@ -122,4 +123,4 @@ def pacing_env(scenario, site: str, log_path: str) -> tuple[tuple[str, str], ...
     chip = devices()[scenario.cost.site_accelerators[site]].chip()
     target = models()[spec.model].target()
     pacing = Pacing(chip, target, spec.chips_per_server, spec.dilation, log_path)
-    return ((ENV, pacing.to_env()),)
+    return ((Env.PACING, pacing.to_json()),)

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from engine_patches.pacing.hook import ENV, Pacing
-from testbed.emulation import EmulationSpec, for_testbed, pacing_env, record
+from capacity.pacing import Pacing
+from protocol.env import Env
+from testbed.dilation import EmulationSpec, for_testbed, pacing_env, record
 from testbed.scenario import Scenario, ScenarioError
 
 TINY_KV = 8192
@@ -55,8 +56,8 @@ def test_each_site_paces_as_its_own_chip():
     sc = Scenario.load("hetero")
     ((name, a_env),) = pacing_env(sc, "A", "/tmp/a")
     ((_, b_env),) = pacing_env(sc, "B", "/tmp/b")
-    assert name == ENV
-    a, b = Pacing.from_env(a_env), Pacing.from_env(b_env)
+    assert name == Env.PACING
+    a, b = Pacing.from_json(a_env), Pacing.from_json(b_env)
     assert a.chip.peak_tflops > b.chip.peak_tflops  # prefill-strong A
     assert b.chip.memory_bandwidth_tbps > a.chip.memory_bandwidth_tbps  # decode-strong B
     assert a.chips == b.chips == 16 and a.dilation == b.dilation == sc.emulation.dilation
@@ -68,12 +69,14 @@ def test_each_site_paces_as_its_own_chip():
     "emulation, cost, message",
     [
         ({"model": "2T-dense"}, {}, "emulation.model '2T-dense' is not in profiles"),
-        ({"model": "1T-moe"},
-         {"table": {"accelerators": {"GPU-Z": 1.0}}, "site_accelerators": {"A": "GPU-Z"}},
-         "GPU-Z"),
+        (
+            {"model": "1T-moe"},
+            {"table": {"accelerators": {"GPU-Z": 1.0}}, "site_accelerators": {"A": "GPU-Z"}},
+            "GPU-Z",
+        ),
         ({"model": "1T-moe", "dilation": 0.5}, {}, "greater than or equal to 1"),
     ],
-)  # fmt: skip
+)
 def test_invalid_emulation_is_refused_before_anything_starts(tmp_path, emulation, cost, message):
     path = tmp_path / "bad.yaml"
     path.write_text(json.dumps({"emulation": emulation, "cost": cost}))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
+
+import numpy as np
 
 
 class Metric(StrEnum):
@@ -30,3 +33,9 @@ LABELS = {
 }
 
 PERCENTILES = (50, 90, 99)
+
+
+def percentile(values: Iterable[float], p: float) -> float:
+    """Linear-interpolation percentile (numpy's default); NaN for no values."""
+    values = list(values)
+    return float(np.percentile(values, p)) if values else float("nan")

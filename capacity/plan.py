@@ -1,6 +1,6 @@
-"""``testbed plan``: size each design for a trace at a target load, and compare BCR.
+"""The capacity planner: size each design for a trace at a target load, and compare BCR.
 
-From the roofline (engine_patches/pacing/roofline.py), the device and model profiles
+From the roofline (capacity/roofline.py), the device and model profiles
 and the scenario's SLA and prices, each design of the registry is sized to serve
 ``plan.target_rps`` of the scenario's trace under the SLA at the lowest hourly cost;
 its BCR is then target_rps / cost (every request meets the SLA by construction), and
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_patches.pacing.roofline import Batch, Chip, TargetModel, step_time
+from capacity.roofline import Batch, Chip, TargetModel, step_time
+from protocol.names import Role
 
 
 class PlanSpec(BaseModel):
@@ -226,9 +227,10 @@ def plan_same_site(x: Inputs) -> Plan:
         for cd in x.spec.chips_per_instance:
             n_d = size_decode(x, a, cd, out_tps, ctx)
             if n_p and n_d > 0:
-                pools = [Pool("prefill", a.name, n_p, cp), Pool("decode", a.name, n_d, cd)]
-                plans.append(Plan("same_site_pd", True, pools, cost=_cost(x, pools, 0, 0),
-                                  ttft_attained=met))  # fmt: skip
+                pools = [Pool(Role.PREFILL, a.name, n_p, cp), Pool(Role.DECODE, a.name, n_d, cd)]
+                plans.append(
+                    Plan("same_site_pd", True, pools, cost=_cost(x, pools, 0, 0), ttft_attained=met)
+                )
     return _cheapest(plans, "same_site_pd", "no instance size meets the SLA")
 
 
@@ -244,9 +246,21 @@ def plan_cross_site(x: Inputs) -> Plan:
             for cd in x.spec.chips_per_instance:
                 n_d = size_decode(x, b, cd, out_tps, ctx)
                 if n_p and n_d > 0:
-                    pools = [Pool("prefill", a.name, n_p, cp), Pool("decode", b.name, n_d, cd)]
-                    plans.append(Plan("cross_site_pd", True, pools, lines, gbps,
-                                      _cost(x, pools, lines, gbps), met))  # fmt: skip
+                    pools = [
+                        Pool(Role.PREFILL, a.name, n_p, cp),
+                        Pool(Role.DECODE, b.name, n_d, cd),
+                    ]
+                    plans.append(
+                        Plan(
+                            "cross_site_pd",
+                            True,
+                            pools,
+                            lines,
+                            gbps,
+                            _cost(x, pools, lines, gbps),
+                            met,
+                        )
+                    )
     return _cheapest(plans, "cross_site_pd", "TTFT bound not met with the KV on the WAN")
 
 
@@ -274,12 +288,23 @@ def plan_pdd(x: Inputs) -> Plan:
                     n_d = size_decode(x, b, cd, md_tps, ctx)
                     if not n_p or n_r < 0 or n_d < 0:
                         continue
-                    pools = [Pool("prefill", a.name, n_p, cp),
-                             Pool("relay_decode", a.name, max(n_r, 1), cr),
-                             Pool("main_decode", b.name, max(n_d, 1), cd)]  # fmt: skip
-                    plans.append(Plan("pdd", True, pools, lines, gbps,
-                                      _cost(x, pools, lines, gbps), met,
-                                      f"{relayed.mean():.0%} via relay decode"))  # fmt: skip
+                    pools = [
+                        Pool(Role.PREFILL, a.name, n_p, cp),
+                        Pool(Role.RELAY_DECODE, a.name, max(n_r, 1), cr),
+                        Pool(Role.MAIN_DECODE, b.name, max(n_d, 1), cd),
+                    ]
+                    plans.append(
+                        Plan(
+                            "pdd",
+                            True,
+                            pools,
+                            lines,
+                            gbps,
+                            _cost(x, pools, lines, gbps),
+                            met,
+                            f"{relayed.mean():.0%} via relay decode",
+                        )
+                    )
     return _cheapest(plans, "pdd", "no combination meets the SLA")
 
 
@@ -289,46 +314,15 @@ DESIGNS: dict[str, Callable[[Inputs], Plan]] = {
     "pdd": plan_pdd,
 }
 BASELINE = "same_site_pd"
-ROLE_SHORT = {"prefill": "P", "relay_decode": "RLD", "decode": "D", "main_decode": "MD"}
+# The pools a design may have, in the order tables show them.
+POOL_ROLES = (Role.PREFILL, Role.RELAY_DECODE, Role.DECODE, Role.MAIN_DECODE)
 
 
 def plan_all(x: Inputs) -> list[Plan]:
     return [design(x) for design in DESIGNS.values()]
 
 
-# -- from a scenario ---------------------------------------------------------------------
-DEFAULT_MODEL = "1T-moe"
-
-
-def inputs(scenario, trace) -> Inputs:
-    """The planner's inputs from a scenario (in target time) and its trace."""
-    from testbed.profiles import devices, models
-    from workloads.analysis import arrival_order, hit_ratios
-
-    ordered, hits = arrival_order(trace), hit_ratios(trace)
-    up = 1 / trace.metadata.get("length_scale", 1.0)  # back to the trace's full size
-    requests = tuple(
-        Req(round(r.input_length * up), round(h * r.input_length * up),
-            round(r.output_length * up), r.anomalous)
-        for r, h in zip(ordered, hits, strict=True)
-    )  # fmt: skip
-    prices = scenario.cost.table.accelerators
-    site_devices = {}
-    for site, name in scenario.cost.site_accelerators.items():
-        if name not in devices():
-            raise ValueError(f"plan: no device profile {name!r} in profiles/devices.yaml")
-        p = devices()[name]
-        site_devices[site] = Device(name, p.chip(), p.memory_gb, prices[name])
-    if not {"A", "B"} <= set(site_devices):
-        raise ValueError("plan: cost.site_accelerators must name the chips of sites A and B")
-    model = scenario.emulation.model if scenario.emulation else DEFAULT_MODEL
-    return Inputs(
-        requests=requests, model=models()[model].target(), devices=site_devices,
-        ttft_s=scenario.sla.ttft_s, itl_s=scenario.sla.itl_s,
-        attainment=scenario.sla.attainment, spec=scenario.plan,
-        rtt_s=2 * scenario.network.wan.delay_ms / 1000,
-        direct_wan_bound_s=scenario.pdd.direct_wan_bound_s,
-    )  # fmt: skip
+DEFAULT_MODEL = "1T-moe"  # a scenario without emulation: PDD.md's flagship
 
 
 def rows(plans: list[Plan], rps: float) -> list[dict]:
@@ -337,9 +331,9 @@ def rows(plans: list[Plan], rps: float) -> list[dict]:
     out = []
     for p in plans:
         row = {"design": p.design, "feasible": p.feasible}
-        for role in ("prefill", "relay_decode", "decode", "main_decode"):
+        for role in POOL_ROLES:
             pool = next((q for q in p.pools if q.role == role), None)
-            row[role] = pool.label if pool else ""
+            row[role.value] = pool.label if pool else ""
         row["wan"] = f"{p.lines} x {p.line_gbps:g} Gbit/s" if p.lines else ""
         row["cost_per_hour"] = p.cost if p.feasible else None
         row["ttft_attained"] = p.ttft_attained
@@ -349,30 +343,4 @@ def rows(plans: list[Plan], rps: float) -> list[dict]:
         )
         row["note"] = p.note
         out.append(row)
-    return out
-
-
-def table(rows_: list[dict], scenario):
-    """The planner's rows as a rich table (``testbed plan``)."""
-    from rich.table import Table
-
-    model = scenario.emulation.model if scenario.emulation else DEFAULT_MODEL
-    sla, spec = scenario.sla, scenario.plan
-    out = Table(
-        title=f"plan: {model} at {spec.target_rps:g} req/s",
-        caption=f"SLA: TTFT <= {sla.ttft_s:g} s for {sla.attainment:.0%} of requests, ITL <= "
-        f"{sla.itl_s:g} s. Instances of {spec.chips_per_instance} chips searched; pools are "
-        "instances x chips. BCR = load / cost per hour.",
-    )
-    for col in ("design", "pools", "WAN", "cost/h", "BCR", "vs baseline"):
-        out.add_column(col, justify="left" if col in ("design", "pools") else "right")
-    for r in rows_:
-        if not r["feasible"]:
-            out.add_row(r["design"], f"infeasible: {r['note']}", "", "", "", "")
-            continue
-        pools = "\n".join(f"{short} {r[role]}" for role, short in ROLE_SHORT.items() if r[role])
-        vs = "baseline" if r["design"] == BASELINE else f"{r['bcr_vs_baseline']:+.1%}"
-        note = f"\n({r['note']})" if r["note"] else ""
-        out.add_row(r["design"], pools + note, r["wan"], f"{r['cost_per_hour']:.1f}",
-                    f"{r['bcr']:.3f}", vs)  # fmt: skip
     return out

@@ -1,4 +1,4 @@
-"""Bodies of the handoff frames (framing: :mod:`engine_patches.kv_transfer.messages`)."""
+"""Bodies of the token-ID handoff frames (framing: :mod:`protocol.frames`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine_patches.kv_transfer.messages import HEADER
+from protocol.frames import frame_size
 
 FINAL = 0x01
 
@@ -31,7 +31,7 @@ class Handoff:
     @staticmethod
     def wire_bytes(n_tokens: int) -> int:
         """A handoff frame's size: fixed header and flag, then 4 bytes per token."""
-        return HEADER.size + 1 + 4 * n_tokens
+        return frame_size(1 + 4 * n_tokens)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,19 @@
 """The bathtub: throughput and benefit per unit of cost against the prefix-hit ratio,
-from the same roofline and profiles as the capacity planner (testbed/plan.py)."""
+from the same roofline and profiles as the capacity planner (capacity/plan.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine_patches.pacing.roofline import Batch, step_time
-from testbed.plan import Inputs, decode_batch, holds_weights
+from capacity.plan import Inputs, decode_batch, holds_weights
+from capacity.roofline import Batch, step_time
+
+HITS = np.round(np.arange(0.0, 0.995, 0.01), 2)  # the hit ratios a bathtub is drawn at
+HIT_PRICE = 0.1  # cached input billed at this share of a miss (PDD.md: 10-25%)
 
 
 def bathtub(
-    x: Inputs, input_tokens: int, output_tokens: int, hits: np.ndarray, hit_price: float = 0.1
+    x: Inputs, input_tokens: int, output_tokens: int, hits: np.ndarray, hit_price: float = HIT_PRICE
 ) -> list[dict]:
     """Throughput and benefit per unit of cost against the prefix-hit ratio.
 
@@ -30,8 +33,9 @@ def bathtub(
     a = x.devices["A"]
     chips = min(c for c in x.spec.chips_per_instance if holds_weights(a, x.model, c))
     chunk = x.spec.chunk_tokens
-    b, t = decode_batch(a, x.model, chips, input_tokens + output_tokens / 2, x.itl_s,
-                        x.spec.kv_headroom)  # fmt: skip
+    b, t = decode_batch(
+        a, x.model, chips, input_tokens + output_tokens / 2, x.itl_s, x.spec.kv_headroom
+    )
     decode_s = output_tokens * t / max(b, 1)  # instance-seconds per request
     out = []
     for h in hits:
@@ -47,8 +51,13 @@ def bathtub(
             prefill_s += step_time(Batch((tail,), (start,)), a.chip, x.model, chips).seconds
         cost = (prefill_s + decode_s) * chips * a.price / 3600  # per request
         revenue = uncached + hit_price * cached + output_tokens  # in miss-token prices
-        out.append({
-            "hit": float(h), "tail_tokens": tail, "prefill_s": prefill_s,
-            "throughput_per_cost": 1 / cost, "benefit_per_cost": revenue / cost,
-        })  # fmt: skip
+        out.append(
+            {
+                "hit": float(h),
+                "tail_tokens": tail,
+                "prefill_s": prefill_s,
+                "throughput_per_cost": 1 / cost,
+                "benefit_per_cost": revenue / cost,
+            }
+        )
     return out

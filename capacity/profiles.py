@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine_patches.pacing.roofline import Chip, TargetModel
+from capacity.roofline import Chip, TargetModel
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 

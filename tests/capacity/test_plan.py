@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine_patches.pacing.roofline import Chip, TargetModel
-from testbed import plan
-from testbed.bathtub import bathtub
+from capacity import plan
+from capacity.bathtub import bathtub
+from capacity.roofline import Chip, TargetModel
+from testbed import planning
 from testbed.scenario import Scenario
 from workloads.generator import AgenticConfig, generate
 
@@ -23,10 +24,15 @@ def inputs(**spec) -> plan.Inputs:
     b = plan.Device("B", CHIP, memory_gb=100, price=2.0)
     return plan.Inputs(
         requests=(plan.Req(n_in=1000, cached=0, n_out=10),) * 10,
-        model=MODEL, devices={"A": a, "B": b}, ttft_s=10.0, itl_s=0.1, attainment=0.9,
-        spec=plan.PlanSpec(**{"target_rps": 100, "chunk_tokens": 1000,
-                              "chips_per_instance": [1], **spec}),
-    )  # fmt: skip
+        model=MODEL,
+        devices={"A": a, "B": b},
+        ttft_s=10.0,
+        itl_s=0.1,
+        attainment=0.9,
+        spec=plan.PlanSpec(
+            **{"target_rps": 100, "chunk_tokens": 1000, "chips_per_instance": [1], **spec}
+        ),
+    )
 
 
 def test_prefill_instances_follow_the_roofline_by_hand():
@@ -68,7 +74,7 @@ def test_weights_that_do_not_fit_rule_an_instance_size_out():
 def test_hetero_scenario_plans_pdd_cheaper_than_the_homogeneous_baseline():
     sc = Scenario.load("hetero")
     trace = generate(AgenticConfig(**sc.workload.generator))
-    rows = {r["design"]: r for r in plan.rows(plan.plan_all(plan.inputs(sc, trace)), 300)}
+    rows = {r["design"]: r for r in plan.rows(plan.plan_all(planning.inputs(sc, trace)), 300)}
     assert rows["same_site_pd"]["bcr_vs_baseline"] == 0
     assert rows["pdd"]["feasible"] and rows["pdd"]["bcr_vs_baseline"] > 0
     assert "GPU-B" in rows["pdd"]["main_decode"] and "GPU-A" in rows["pdd"]["prefill"]
@@ -76,7 +82,7 @@ def test_hetero_scenario_plans_pdd_cheaper_than_the_homogeneous_baseline():
 
 def test_bathtub_model_has_tail_chunk_dips_and_a_valley():
     sc = Scenario.load("hetero")
-    x = plan.inputs(sc, generate(AgenticConfig(**sc.workload.generator)))
+    x = planning.inputs(sc, generate(AgenticConfig(**sc.workload.generator)))
     hits = np.round(np.arange(0, 1.0, 0.01), 2)
     curve = bathtub(x, 65536, 256, hits)
     thr = np.array([c["throughput_per_cost"] for c in curve])
@@ -98,8 +104,11 @@ def test_plan_command_prints_the_table_and_refuses_bad_input(tmp_path):
     def run(*args):
         return subprocess.run(
             [sys.executable, "-m", "testbed.cli", "plan", *args],
-            capture_output=True, text=True, timeout=120, env={"COLUMNS": "160", "PATH": ""},
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"COLUMNS": "160", "PATH": ""},
+        )
 
     done = run("hetero", "--rps", "100")
     assert done.returncode == 0, done.stderr[-2000:]

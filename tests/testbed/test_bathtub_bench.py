@@ -13,7 +13,7 @@ import json
 import pytest
 from rich.console import Console
 
-from reports.emulation import measured_bathtub
+from reports.hetero import measured_bathtub
 from reports.run_data import load_run
 from testbed.bench.run import run_bench
 from testbed.scenario import Scenario

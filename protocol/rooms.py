@@ -1,10 +1,14 @@
-"""Bootstrap rooms: which transfers fan out to two destinations.
+"""Bootstrap rooms and the request ids PDD gives its own requests.
 
 A room is the id that ties a prefill request to its decode request(s). PDD's
 router marks a dual-path room (relay decode over the LAN *and* main decode over
 the WAN) by setting ``DUAL_PATH_BIT``; the prefill server then waits for two
 transfer requests for that room instead of one. Rooms are otherwise random
 (below bit 61), as SGLang's own routers make them.
+
+Two rid prefixes tell the plugin what a request is for: main decode parks a
+``PARK_PREFIX`` request until the handoff, and prefill caches an ``ALIGN_PREFIX``
+request's exchange (DRC alignment).
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import random
 
 DUAL_PATH_BIT = 1 << 62
 ROOM_BITS = 61
+PARK_PREFIX = "pdd-md-"  # MD's request of a relayed pipeline: parked until the handoff
+ALIGN_PREFIX = "pdd-align-"  # P caches this exchange (DRC alignment)
+RESERVED_PREFIXES = (PARK_PREFIX, ALIGN_PREFIX)
 
 
 def new_room(dual_path: bool = False, rng: random.Random | None = None) -> int:
@@ -26,3 +33,12 @@ def is_dual_path(room: int | None) -> bool:
 
 def legs_expected(room: int | None) -> int:
     return 2 if is_dual_path(room) else 1
+
+
+def md_rid(room: int) -> str:
+    """Main decode's rid for a relayed request's room."""
+    return f"{PARK_PREFIX}{room}"
+
+
+def align_rid(room: int) -> str:
+    return f"{ALIGN_PREFIX}{room}"

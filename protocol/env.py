@@ -1,0 +1,28 @@
+"""Environment variables the testbed sets on the SGLang servers it launches.
+
+The harness writes them (``testbed.deployment``), the plugin reads them
+(``engine_patches``): both use these names, never a literal.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Env(StrEnum):
+    KV_TRANSFER_LOG = "PDD_KV_TRANSFER_LOG"  # one JSON line per transfer (and handoff)
+    HANDOFF_PORT = "PDD_HANDOFF_PORT"  # main decode's handoff listener
+    HANDOFF_PARK_TIMEOUT_S = "PDD_HANDOFF_PARK_TIMEOUT_S"  # a parked request gives up
+    PACING = "PDD_PACING"  # a capacity.pacing.Pacing as JSON: pace every forward pass
+    PD_POLL_INTERVAL_S = "PDD_PD_POLL_INTERVAL_S"  # idle PD scheduler's poll interval
+    # KV transfer timeouts (seconds), one per engine_patches.kv_transfer Timeouts field
+    KV_CONNECT_TIMEOUT_S = "PDD_KV_CONNECT_TIMEOUT_S"
+    KV_BOOTSTRAP_TIMEOUT_S = "PDD_KV_BOOTSTRAP_TIMEOUT_S"
+    KV_FIRST_DATA_TIMEOUT_S = "PDD_KV_FIRST_DATA_TIMEOUT_S"
+    KV_IDLE_TIMEOUT_S = "PDD_KV_IDLE_TIMEOUT_S"
+    KV_LATE_LEG_TIMEOUT_S = "PDD_KV_LATE_LEG_TIMEOUT_S"
+
+
+def kv_timeout(field: str) -> Env:
+    """The variable for one KV transfer timeout (``connect``, ``idle``, ...)."""
+    return Env[f"KV_{field.upper()}_TIMEOUT_S"]

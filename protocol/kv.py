@@ -1,0 +1,73 @@
+"""Bodies of the KV transfer frames (framing: :mod:`protocol.frames`)."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TransferRequest:
+    decode_prefix_len: int
+    aux_index: int
+    layout_digest: int  # both sides must have the same KV layout
+    dst_pages: np.ndarray  # int32, decode's page ids for the pages it lacks
+
+    _FIXED = struct.Struct("!IiQI")
+
+    def encode(self) -> bytes:
+        pages = np.ascontiguousarray(self.dst_pages, dtype=">i4")
+        return (
+            self._FIXED.pack(self.decode_prefix_len, self.aux_index, self.layout_digest, len(pages))
+            + pages.tobytes()
+        )
+
+    @classmethod
+    def decode(cls, body: bytes) -> TransferRequest:
+        prefix, aux, digest, n = cls._FIXED.unpack_from(body)
+        pages = np.frombuffer(body, dtype=">i4", count=n, offset=cls._FIXED.size)
+        return cls(prefix, aux, digest, pages.astype(np.int32))
+
+
+@dataclass(frozen=True)
+class KvChunkHeader:
+    """Pages ``[first, first + count)`` of the transfer's page list; payload follows."""
+
+    first: int
+    count: int
+    crc32: int
+
+    _FIXED = struct.Struct("!III")
+    size = _FIXED.size
+
+    def encode(self) -> bytes:
+        return self._FIXED.pack(self.first, self.count, self.crc32)
+
+    @classmethod
+    def decode(cls, body: bytes | memoryview) -> KvChunkHeader:
+        return cls(*cls._FIXED.unpack_from(body))
+
+
+@dataclass(frozen=True)
+class Done:
+    total_pages: int
+    total_bytes: int
+
+    _FIXED = struct.Struct("!IQ")
+
+    def encode(self) -> bytes:
+        return self._FIXED.pack(self.total_pages, self.total_bytes)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Done:
+        return cls(*cls._FIXED.unpack(body))
+
+
+def crc32(parts) -> int:
+    value = 0
+    for part in parts:
+        value = zlib.crc32(part, value)
+    return value

@@ -1,0 +1,204 @@
+"""Records written as JSON lines while a run goes, and the one writer and reader.
+
+=====================  ========================  =====================================
+record                 written by                file
+=====================  ========================  =====================================
+``RequestRecord``      the router                ``records.jsonl`` (→ parquet)
+``TransferRecord``     each KV transfer's side   ``transfers-<server>.jsonl``
+``HandoffRecord``      main decode, per handoff  ``transfers-<server>.jsonl``
+``PassRecord``         the pacing hook           ``pacing-<server>.jsonl``
+=====================  ========================  =====================================
+
+Times are wall-clock seconds (``time.time()``), the same clock every process on the
+host uses, so router, server and transfer logs line up.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class TokenTimes:
+    """TTFT, inter-token gaps and end-to-end time of a record with ``token_times``,
+    measured from the attribute ``START`` names."""
+
+    START = "arrival"
+    first_token: float | None
+    finish: float | None
+    token_times: list[float]
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - getattr(self, self.START)
+
+    @property
+    def itls(self) -> list[float]:
+        return [b - a for a, b in itertools.pairwise(self.token_times)]
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.finish is None else self.finish - getattr(self, self.START)
+
+
+@dataclass
+class RequestRecord(TokenTimes):
+    """One row per request, written by the router — the only thing the report reads."""
+
+    request_id: str
+    system: str  # colocated | same_site_pd | cross_site_pd | pdd ...
+    endpoint: str  # /generate | /v1/completions | /v1/chat/completions
+    session_id: str | None = None
+    turn: int | None = None
+    pipeline: str = ""  # a protocol.names.Pipeline
+    pipeline_reason: str = ""
+    prefill_server: str | None = None
+    decode_server: str | None = None
+    room: int | None = None
+    arrival: float = 0.0
+    first_token: float | None = None
+    finish: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    cached_tokens_prefill: int | None = None  # prefix hit on P (or the colocated server)
+    cached_tokens_decode: int | None = None  # prefix decode already held (decode_prefix_len)
+    output_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)  # native /generate only
+    eager_tokens: int = 0  # streamed by relay decode before the handoff
+    handoff_tokens: int = 0  # token ids sent to main decode (all batches)
+    handoff_mode: str | None = None  # a protocol.names.HandoffMode
+    handoff_batches: int = 0
+    handoff_bytes: int = 0  # handoff frames on the wire (headers included)
+    handoff_s: float | None = None  # last eager token → first main-decode token (client gap)
+    handoff_sent: float | None = None  # wall time the final handoff frame left the router
+    handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
+    fallback: str | None = None  # why relay decode finished a request meant for MD
+    predicted_wan_s: float | None = None  # the routing input: uncached KV / WAN rate
+    kv_bytes: int | None = None  # KV payload moved for this request
+    kv_wire_bytes: int | None = None
+    kv_link: str | None = None  # lan | wan
+    kv_transfer_s: float | None = None
+    status: str = "ok"  # ok | error
+    error: str | None = None
+
+
+COLUMNS = [f.name for f in fields(RequestRecord)]
+
+
+@dataclass
+class TransferRecord:
+    """One KV transfer as one side saw it: what crossed the wire, when, how it ended."""
+
+    room: int
+    side: str  # "prefill" (sender) or "decode" (receiver)
+    peer: str
+    start: float
+    end: float | None = None
+    first_byte: float | None = None  # first KV chunk on the wire: end - first_byte is transfer time
+    status: str = "running"  # success | failed
+    reason: str | None = None
+    pages: int = 0
+    kv_bytes: int = 0  # KV page payload
+    wire_bytes: int = 0  # every frame, headers included (TCP/IP headers excluded)
+    decode_prefix_len: int = 0
+    page_size: int = 1
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "success"
+
+    @property
+    def seconds(self) -> float | None:
+        """First KV byte to the end (None when no KV moved or it did not end)."""
+        return None if self.end is None or not self.first_byte else self.end - self.first_byte
+
+
+@dataclass
+class HandoffRecord:
+    """One handoff frame main decode applied (one extend forward at most)."""
+
+    room: int
+    tokens: int  # token ids in the frame
+    extend_tokens: int  # tokens the forward computed KV for
+    frame_bytes: int
+    forward_s: float
+    next_token: int  # the forward's prediction (-1: no forward)
+    expected_next: int  # the last handed-off token: what the forward should agree with
+    final: bool
+    extend_forwards: int  # forwards so far for this room
+    received: float  # the frame arrived on MD's listener
+    queued_s: float  # waiting for the scheduler thread
+    extended_at: float
+    side: str = "handoff"
+    time: float = 0.0
+
+
+@dataclass
+class PassRecord:
+    """One paced forward pass of a server (the pacing hook's log)."""
+
+    time: float
+    mode: str  # prefill | extend | decode | mixed
+    seqs: int
+    new_tokens: int
+    context: int
+    modelled_s: float  # the target chips' time
+    paced_s: float  # k x modelled: how long the pass was made to take
+    real_s: float  # how long the CPU took
+    miss: bool  # real_s > paced_s: the pass ran late
+
+
+# Which record a line of a server's transfer log is, by its ``side``.
+TRANSFER_LOG_SIDES = {"prefill": TransferRecord, "decode": TransferRecord, "handoff": HandoffRecord}
+
+
+class JsonlWriter:
+    """Appends records (dataclasses or dicts) as JSON lines; safe from several threads
+    or tasks. With no path, writes nothing."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path else None
+        self._lock = threading.Lock()
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, record) -> None:
+        if self.path is None:
+            return
+        data = asdict(record) if is_dataclass(record) else record
+        line = json.dumps(data, separators=(",", ":"))
+        with self._lock, open(self.path, "a") as f:
+            f.write(line + "\n")
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    """Every complete line of a JSON-lines file, parsed. A last line cut short (its
+    writer is still at it, or was killed) is skipped; a bad line elsewhere is an error
+    naming the file and line."""
+    lines = Path(path).read_text().splitlines()
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError as exc:
+            if number == len(lines):
+                return
+            raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from exc
+
+
+def from_dict(cls: type[T], data: dict) -> T:
+    """A record from one parsed line; fields it does not know are left out."""
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def read_records(path: str | Path, cls: type[T] = RequestRecord) -> list[T]:
+    return [from_dict(cls, data) for data in read_jsonl(path)]

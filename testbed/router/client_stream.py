@@ -1,0 +1,56 @@
+"""What the client of a stitched stream gets: SSE lines as they come, or one JSON body
+at the end; every token it is sent is timed into the request's record."""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+from protocol.records import RequestRecord
+from protocol.stream import DONE_LINE, Chunk, error_event
+
+
+class ClientStream:
+    def __init__(self, request: web.Request, stream: bool, record: RequestRecord) -> None:
+        self.request, self.stream, self.record = request, stream, record
+        self.response: web.StreamResponse | None = None
+        self.last: dict | None = None
+
+    async def emit(self, chunk: Chunk, new_tokens: int) -> None:
+        now = time.time()
+        if new_tokens:
+            self.record.token_times.extend([now] * new_tokens)
+            self.record.first_token = self.record.first_token or now
+            self.record.output_tokens += new_tokens
+        if chunk.data is not None:
+            self.last = chunk.data
+            self.record.prompt_tokens = chunk.meta.get("prompt_tokens", self.record.prompt_tokens)
+        if not self.stream:
+            return
+        if self.response is None:
+            self.response = web.StreamResponse(
+                status=200, headers={"Content-Type": "text/event-stream"}
+            )
+            await self.response.prepare(self.request)
+        if not chunk.done:
+            await self.response.write(chunk.line)
+
+    async def finish(self) -> None:
+        self.record.finish = time.time()
+        if self.stream:
+            if self.response is None:
+                self.response = web.StreamResponse(status=200)
+                await self.response.prepare(self.request)
+            await self.response.write(DONE_LINE)
+            await self.response.write_eof()
+        else:
+            self.response = web.json_response(self.last or {})
+
+    async def fail(self, message: str) -> web.StreamResponse:
+        self.record.status, self.record.error = "error", message[:500]
+        if self.response is not None and self.response.prepared:
+            await self.response.write(error_event(message))
+            await self.response.write_eof()
+            return self.response
+        return web.json_response({"error": message}, status=502)

@@ -1,0 +1,54 @@
+"""The router's connection to main decode's handoff listener, for one room.
+
+Lifecycle: ``watch`` connects and sends WATCH → MD answers READY once it holds the
+prompt's KV (the request is parked there) → ``handoff`` sends token-id batches, each
+answered by EXTENDED (``extended``) → the final batch hands the request over →
+``close``; closing before the final batch releases MD's parked request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol.frames import MsgType, read_frame, write_frame
+from protocol.handoff import Extended, Handoff, Ready
+
+
+class HandoffError(RuntimeError):
+    pass
+
+
+class HandoffChannel:
+    def __init__(self, host: str, port: int, room: int) -> None:
+        self.host, self.port, self.room = host, port, room
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+        self.bytes_sent = 0
+
+    async def watch(self) -> Ready:
+        """Connect, WATCH, and wait until MD holds the prompt's KV."""
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        await self._send(MsgType.WATCH, b"")
+        return Ready.decode(await self._expect(MsgType.READY))
+
+    async def handoff(self, tokens: list[int], final: bool) -> int:
+        """Send one handoff batch; returns its bytes on the wire."""
+        return await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
+
+    async def extended(self) -> Extended:
+        return Extended.decode(await self._expect(MsgType.EXTENDED))
+
+    async def _send(self, kind: MsgType, body: bytes) -> int:
+        sent = await write_frame(self.writer, kind, self.room, body)
+        self.bytes_sent += sent
+        return sent
+
+    async def _expect(self, kind: MsgType) -> bytes:
+        got, _, body = await read_frame(self.reader)
+        if got != kind:
+            raise HandoffError(f"expected {kind.name} from main decode, got {got.name}")
+        return body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()

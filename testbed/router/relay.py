@@ -1,0 +1,302 @@
+"""PDD's relayed pipeline (P->RLD->MD) in the router.
+
+One request's walk (:meth:`RelayedRequest.run`)::
+
+    open handoff channel to MD ─ WATCH(room) ──────────────────────┐
+    POST prefill (dual-path room) ─ KV to RLD (LAN) and MD (WAN)    │
+    POST RLD (stream) ─ eager tokens t1.. go to the client at once  │
+    POST MD  (rid pdd-md-room) ─ parked on MD once its KV is held ─ READY
+    after each eager token: handoff_decision.decide → wait | catch-up batch | final
+    final HANDOFF(t2..tk) → RLD's stream is closed (SGLang aborts it) → MD's stream,
+    whose first k tokens echo t1..tk (checked, not re-sent), continues from t(k+1)
+
+If RLD finishes before MD holds the KV, the client is done; :meth:`settle` then lets
+P's transfer finish and hands MD all tokens anyway, so MD caches the exchange for the
+session's next turn. If MD never holds the KV (a cut WAN, MD down) the record says why
+(``fallback``). The client sees one stream either way.
+
+Collaborators, all passed to :class:`RelayedPipeline`: the upstream HTTP client, the
+servers' loads, the transfer-log index, what follows a request (DRC alignment and the
+MD mirror), and a runner for work that outlives the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from aiohttp import web
+
+from protocol import headers
+from protocol.names import HandoffMode, Pipeline
+from protocol.records import RequestRecord
+from protocol.rooms import md_rid, new_room
+from testbed.router.after import AfterRequest
+from testbed.router.client_stream import ClientStream
+from testbed.router.config import PddConfig
+from testbed.router.handoff_channel import HandoffChannel, HandoffError
+from testbed.router.handoff_decision import Action, HandoffState, Knobs, decide, pinned_mode
+from testbed.router.policies import Loads, Route, max_new_tokens
+from testbed.router.transfers import TransferIndex
+from testbed.router.upstream import Upstream, UpstreamError, chunks, read_or_abort
+
+logger = logging.getLogger("pdd.router")
+RLD_FIRST = "relay decode finished first"
+
+
+class RelayedPipeline:
+    """The shared part: collaborators and knobs. ``serve`` runs one request."""
+
+    def __init__(
+        self,
+        pdd: PddConfig,
+        upstream: Upstream,
+        loads: Loads,
+        transfers: TransferIndex,
+        after: AfterRequest,
+        background: Callable[..., asyncio.Task],
+    ) -> None:
+        self.pdd, self.knobs = pdd, Knobs.of(pdd)
+        self.upstream, self.loads, self.transfers = upstream, loads, transfers
+        self.after, self.background = after, background
+
+    async def serve(
+        self, request: web.Request, body: dict, route: Route, record: RequestRecord
+    ) -> web.StreamResponse:
+        return await RelayedRequest(self, request, body, route, record).run()
+
+
+class RelayedRequest:
+    """One request's walk through P->RLD->MD."""
+
+    def __init__(self, pipeline: RelayedPipeline, request, body, route, record) -> None:
+        self.p, self.body, self.route, self.record = pipeline, body, route, record
+        self.path = request.path
+        self.out = ClientStream(request, bool(body.get("stream")), record)
+        self.tokens: list[int] = []  # every token the client got, in order
+        self.pinned_at = int(request.headers.get(headers.HANDOFF_AT, 0)) or None
+        self.pinned_mode = pinned_mode(request.headers.get(headers.HANDOFF_MODE))
+        record.room = new_room(dual_path=True)
+        prefill = route.prefill
+        self.pd_body = {
+            **body,
+            "stream": True,
+            "bootstrap_host": prefill.host,
+            "bootstrap_port": prefill.bootstrap_port,
+            "bootstrap_room": record.room,
+        }
+        md_host, port = route.main_decode.host, pipeline.pdd.handoff_port
+        self.channel = HandoffChannel(md_host, port, record.room)
+        self.ready: asyncio.Task | None = None
+        self.prefill: asyncio.Task | None = None
+        self.md: asyncio.Task | None = None
+
+    @property
+    def md_holds_kv(self) -> bool:
+        r = self.ready
+        return r.done() and not r.cancelled() and r.exception() is None
+
+    async def run(self) -> web.StreamResponse:
+        up, route = self.p.upstream, self.route
+        self.ready = asyncio.create_task(self.channel.watch())
+        self.prefill = asyncio.create_task(
+            up.prefill(route.prefill, self.path, self.pd_body, self.record)
+        )
+        md_body = {**self.pd_body, "rid": md_rid(self.record.room)}
+        self.md = asyncio.create_task(up.post(route.main_decode, self.path, md_body))
+        rld = None
+        owns_md_side = True
+        try:
+            posted = up.post(route.stream_from, self.path, self.pd_body)
+            rld = await read_or_abort(posted, self.prefill)
+            if rld.status != 200:
+                text = (await rld.text())[:300]
+                raise UpstreamError(f"relay decode answered {rld.status}: {text}")
+            mode = await self._relay_eager(rld)
+            if mode is None:
+                owns_md_side = not await self._ended_on_relay()
+                return self.out.response
+            self.record.handoff_mode, self.record.pipeline = mode, Pipeline.P_RLD_MD
+            rld.close()  # SGLang aborts relay decode's request
+            rld = None
+            await self._stream_main_decode()
+            self.record.decode_server = route.main_decode.name
+            await self.out.finish()
+            return self.out.response
+        except UpstreamError as exc:
+            return await self.out.fail(str(exc))
+        finally:
+            self.record.output_ids = self.tokens
+            if rld is not None:
+                rld.close()
+            if owns_md_side:
+                self._release()
+
+    async def _relay_eager(self, rld) -> HandoffMode | None:
+        """Stream relay decode's tokens to the client, handing off as ``decide`` says.
+        Returns the handoff's mode once MD took over, None if relay decode finished."""
+        record, tokens = self.record, self.tokens
+        handed, batches, mode = 0, 0, None
+        inflight: asyncio.Task | None = None  # the catch-up batch MD is extending
+        limit = max_new_tokens(self.body)
+        try:
+            async for chunk in chunks(rld, self.prefill):
+                if chunk.error:
+                    raise UpstreamError(f"relay decode: {chunk.error}")
+                new = chunk.new_ids(len(tokens))
+                tokens += new
+                await self.out.emit(chunk, len(new))
+                if chunk.finished or chunk.done:
+                    return None
+                if record.fallback:
+                    continue  # MD failed mid catch-up: relay decode goes on to the end
+                if inflight is not None and inflight.done():
+                    if not await self._extended(inflight):
+                        continue
+                    inflight = None
+                state = HandoffState(
+                    eager=len(tokens),
+                    handed=handed,
+                    remaining=limit - len(tokens),
+                    md_holds_kv=self.md_holds_kv,
+                    batch_in_flight=inflight is not None,
+                    rld_load=self.p.loads.in_flight[self.route.stream_from.name],
+                    mode=mode,
+                    pinned_at=self.pinned_at,
+                    pinned_mode=self.pinned_mode,
+                )
+                decision = decide(state, self.p.knobs)
+                mode = decision.mode
+                if decision.action is Action.WAIT:
+                    continue
+                if inflight is not None:  # a pinned handoff overtakes a batch: wait for it
+                    if not await self._extended(inflight):
+                        continue
+                    inflight = None
+                batch = tokens[1 + handed :]
+                handed += len(batch)
+                batches += 1
+                sent = time.time()
+                final = decision.action is Action.FINAL
+                record.handoff_bytes += await self.channel.handoff(batch, final=final)
+                if final:
+                    record.handoff_sent = sent
+                    return mode
+                inflight = asyncio.create_task(self.channel.extended())
+            return None
+        finally:
+            record.eager_tokens = len(tokens)
+            record.handoff_tokens, record.handoff_batches = handed, batches
+
+    async def _extended(self, inflight: asyncio.Task) -> bool:
+        """Whether MD extended the last catch-up batch; if it failed, relay decode
+        finishes the request (the record says why)."""
+        try:
+            await inflight
+            return True
+        except (OSError, asyncio.IncompleteReadError, HandoffError) as exc:
+            self.record.fallback = f"catch-up handoff failed: {exc!r}"[:300]
+            return False
+
+    async def _ended_on_relay(self) -> bool:
+        """Relay decode finished the request. Records why MD did not take it, ends the
+        client's stream and, where MD can still cache the exchange, starts settling it
+        there. Returns whether the settle now owns MD's side of the room."""
+        record = self.record
+        record.handoff_mode = HandoffMode.NONE
+        if not record.fallback and not self.md_holds_kv:
+            record.fallback = await self._why_md_missed()
+        if record.fallback and not record.fallback.startswith(RLD_FIRST):
+            record.handoff_mode = HandoffMode.FAILED
+        await self.out.finish()
+        if record.handoff_mode != HandoffMode.NONE or len(self.tokens) < 2:
+            return False
+        # The session's next turn waits for the settle, so P's and MD's caches agree.
+        self.p.after.settling[id(record)] = self.p.background(self.settle(list(self.tokens)))
+        return True
+
+    async def _stream_main_decode(self) -> None:
+        md = await self.md
+        if md.status != 200:
+            text = (await md.text())[:300]
+            raise UpstreamError(f"main decode answered {md.status}: {text}")
+        tokens, k, eager_end = self.tokens, len(self.tokens), time.time()
+        async for chunk in chunks(md):
+            if chunk.error:
+                raise UpstreamError(f"main decode: {chunk.error}")
+            echoed = chunk.echoed()
+            if echoed is not None and len(echoed) >= k and echoed[:k] != tokens[:k]:
+                self.record.handoff_mismatch = True
+            new = chunk.new_ids(len(tokens))
+            if new and self.record.handoff_s is None:
+                self.record.handoff_s = time.time() - eager_end
+            tokens += new
+            if new or chunk.finished or chunk.done:
+                await self.out.emit(chunk, len(new))
+
+    async def settle(self, tokens: list[int]) -> None:
+        """Relay decode finished the request before MD held the KV: MD still takes the
+        exchange into its prefix cache (DRC), off the client's path. P's transfer runs
+        to its end instead of being cut, MD gets all eager tokens but the last (it
+        decodes that one itself: one extend forward, one decode step), and once MD's
+        output equals what the client got, the mirror and P's cache learn the exchange
+        like after any request that ended on MD. A session's next turn waits for this
+        (at most ``settle_timeout_s``), as it waits for P's cache after any request."""
+        timeout = self.p.pdd.settle_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        log = self.route.main_decode.transfer_log
+        try:
+            while not self.ready.done():  # MD holds the KV, its transfer failed, or time is up
+                failed = self.p.transfers.peek(self.record.room, log) if log else None
+                if failed is not None and not failed.ok:
+                    raise HandoffError(f"KV transfer to main decode: {failed.reason}")
+                if loop.time() > deadline:
+                    raise TimeoutError(f"main decode did not hold the KV within {timeout:.0f} s")
+                await asyncio.wait({self.ready}, timeout=0.25)
+            self.ready.result()
+            await self.channel.handoff(tokens[1:-1], final=True)
+            md = await asyncio.wait_for(asyncio.shield(self.md), max(deadline - loop.time(), 1))
+            ids: list[int] = []
+            async for chunk in chunks(md):
+                if chunk.error:
+                    raise HandoffError(f"main decode: {chunk.error}")
+                ids += chunk.new_ids(len(ids))
+                if chunk.finished or chunk.done:
+                    break
+            if ids != tokens:
+                raise HandoffError(f"main decode's {len(ids)} tokens differ from relay decode's")
+            aligning = self.p.after.remember(self.route, self.body, self.record.session_id, tokens)
+            if aligning is not None:
+                await aligning
+        except Exception as exc:  # an optimisation off the client's path: log, never raise
+            logger.info("settling room %s on main decode: %r", self.record.room, exc)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """End MD's side of the room: pending tasks cancelled, MD's stream closed, and
+        the channel closed (MD then finishes its parked request, if any, as released)."""
+        for task in (self.ready, self.prefill, self.md):
+            if task is not None and not task.done():
+                task.cancel()
+        self.channel.close()
+        md = self.md
+        if md is not None and md.done() and not md.cancelled() and md.exception() is None:
+            md.result().close()
+
+    async def _why_md_missed(self) -> str:
+        ready, md = self.ready, self.md
+        if ready.done() and not ready.cancelled() and ready.exception() is not None:
+            return f"handoff channel to main decode failed: {ready.exception()!r}"[:300]
+        if (
+            md.done()
+            and not md.cancelled()
+            and md.exception() is None
+            and md.result().status != 200
+        ):
+            resp = md.result()
+            return f"main decode answered {resp.status}: {(await resp.text())[:300]}"
+        return f"{RLD_FIRST} (main decode did not hold the KV yet)"
