@@ -250,17 +250,8 @@ def plan_cross_site(x: Inputs) -> Plan:
                         Pool(Role.PREFILL, a.name, n_p, cp),
                         Pool(Role.DECODE, b.name, n_d, cd),
                     ]
-                    plans.append(
-                        Plan(
-                            "cross_site_pd",
-                            True,
-                            pools,
-                            lines,
-                            gbps,
-                            _cost(x, pools, lines, gbps),
-                            met,
-                        )
-                    )
+                    cost = _cost(x, pools, lines, gbps)
+                    plans.append(Plan("cross_site_pd", True, pools, lines, gbps, cost, met))
     return _cheapest(plans, "cross_site_pd", "TTFT bound not met with the KV on the WAN")
 
 
@@ -293,18 +284,11 @@ def plan_pdd(x: Inputs) -> Plan:
                         Pool(Role.RELAY_DECODE, a.name, max(n_r, 1), cr),
                         Pool(Role.MAIN_DECODE, b.name, max(n_d, 1), cd),
                     ]
-                    plans.append(
-                        Plan(
-                            "pdd",
-                            True,
-                            pools,
-                            lines,
-                            gbps,
-                            _cost(x, pools, lines, gbps),
-                            met,
-                            f"{relayed.mean():.0%} via relay decode",
-                        )
+                    cost, note = (
+                        _cost(x, pools, lines, gbps),
+                        f"{relayed.mean():.0%} via relay decode",
                     )
+                    plans.append(Plan("pdd", True, pools, lines, gbps, cost, met, note))
     return _cheapest(plans, "pdd", "no combination meets the SLA")
 
 

@@ -298,21 +298,12 @@ def versions() -> dict[str, str]:
 
 
 def git_commit() -> str | None:
+    def git(*args: str) -> subprocess.CompletedProcess:
+        here = Path(__file__).parent
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=here, timeout=5)
+
     try:
-        done = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-            timeout=5,
-        ).stdout.strip()
+        done, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain").stdout.strip()
         return done.stdout.strip() + ("-dirty" if dirty else "") if done.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -26,47 +26,22 @@ TARGET = (
 _original = None
 
 
+# SGLang's signature, kept whole on purpose (format opt-out).
 def extend_forward(
-    self,
-    query,
-    output,
-    k_cache,
-    v_cache,
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    extend_prefix_lens,
-    extend_seq_lens,
-    encoder_lens=None,
-    scaling=None,
-    enable_gqa=False,
-    causal=False,
-    is_cross_attn=False,
-    sliding_window_size=None,
-):
+    self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+    extend_prefix_lens, extend_seq_lens, encoder_lens=None, scaling=None, enable_gqa=False,
+    causal=False, is_cross_attn=False, sliding_window_size=None,
+):  # fmt: skip
     import torch
     from torch.nn.functional import scaled_dot_product_attention
 
     windowed = sliding_window_size is not None and sliding_window_size > -1
     if encoder_lens is not None or is_cross_attn or windowed:
         return _original(
-            self,
-            query,
-            output,
-            k_cache,
-            v_cache,
-            req_to_token,
-            req_pool_indices,
-            seq_lens,
-            extend_prefix_lens,
-            extend_seq_lens,
-            encoder_lens,
-            scaling,
-            enable_gqa,
-            causal,
-            is_cross_attn,
-            sliding_window_size,
-        )
+            self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+            extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa, causal,
+            is_cross_attn, sliding_window_size,
+        )  # fmt: skip
     query = query.movedim(0, query.dim() - 2)  # [heads, tokens, dim]
     start_q = 0
     for i in range(seq_lens.shape[0]):

@@ -6,7 +6,6 @@ way); a colocated server is the greedy reference every stream must equal.
 
 from __future__ import annotations
 
-import json
 import random
 import threading
 import time
@@ -16,7 +15,15 @@ import pytest
 
 from protocol import headers
 from protocol.handoff import Handoff
-from protocol.records import read_records
+from protocol.names import Role
+from protocol.records import (
+    TRANSFER_LOG_SIDES,
+    HandoffRecord,
+    TransferRecord,
+    from_dict,
+    read_jsonl,
+    read_records,
+)
 from testbed.deployment import Deployment
 from testbed.router.config import PddConfig
 from testbed.scenario import Scenario, ServersSpec
@@ -65,11 +72,20 @@ def record_of(pdd: Deployment, session: str, turn: int = 0):
         time.sleep(0.2)
 
 
-def handoff_log(pdd: Deployment) -> list[dict]:
-    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
+def md_log(pdd: Deployment, side: str) -> list:
+    """Main decode's transfer log lines of one side (decode: KV received; handoff)."""
+    (md,) = [s for s in pdd.servers if s.role == Role.MAIN_DECODE]
     path = pdd.transfer_log(md.name)
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(x) for x in lines if '"side": "handoff"' in x]
+    lines = read_jsonl(path) if path.exists() else []
+    return [from_dict(TRANSFER_LOG_SIDES[side], d) for d in lines if d["side"] == side]
+
+
+def handoff_log(pdd: Deployment) -> list[HandoffRecord]:
+    return md_log(pdd, "handoff")
+
+
+def md_transfers(pdd: Deployment, room: int) -> list[TransferRecord]:
+    return [t for t in md_log(pdd, "decode") if t.room == room]
 
 
 @pytest.mark.parametrize("mode", ["one-shot", "catch-up"])
@@ -91,10 +107,10 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     batches = handoff_log(pdd)[before:]
     assert len(batches) == rec.handoff_batches
     for b in batches:  # ≤ 4 bytes per token + a fixed header, one forward per batch
-        assert b["frame_bytes"] == Handoff.wire_bytes(b["tokens"]) <= 4 * b["tokens"] + 21
-        assert b["extend_tokens"] == b["tokens"] and b["next_token"] == b["expected_next"]
-    assert batches[-1]["extend_forwards"] == len(batches)
-    assert sum(b["tokens"] for b in batches) == rec.handoff_tokens
+        assert b.frame_bytes == Handoff.wire_bytes(b.tokens) <= 4 * b.tokens + 21
+        assert b.extend_tokens == b.tokens and b.next_token == b.expected_next
+    assert batches[-1].extend_forwards == len(batches)
+    assert sum(b.tokens for b in batches) == rec.handoff_tokens
 
 
 def test_ten_turn_session_keeps_md_and_p_hits_aligned(pdd):
@@ -151,15 +167,13 @@ def test_when_relay_decode_finishes_first_main_decode_still_caches_the_exchange(
     assert first == reference_output(colocated, prompt, 6)
     rec = record_of(pdd, "settle")
     assert rec.handoff_mode == "none" and rec.fallback.startswith("relay decode finished first")
-    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
     deadline = time.monotonic() + 30
-    while not [h for h in handoff_log(pdd) if h["room"] == rec.room and h["final"]]:
+    while not [h for h in handoff_log(pdd) if h.room == rec.room and h.final]:
         assert time.monotonic() < deadline, "main decode never took the exchange"
         time.sleep(0.5)
     time.sleep(1.0)  # MD decodes the last token; the router learns MD caches it all
-    md_log = [json.loads(x) for x in pdd.transfer_log(md.name).read_text().splitlines()]
-    (kv,) = [t for t in md_log if t.get("room") == rec.room and t["side"] == "decode"]
-    assert kv["status"] == "success"  # P's transfer ran to its end, not cut
+    (kv,) = md_transfers(pdd, rec.room)
+    assert kv.ok  # P's transfer ran to its end, not cut
     follow = prompt + first + [rng.randrange(10, 4000) for _ in range(30)]
     assert stream(pdd, follow, 8, "settle", turn=1) == reference_output(colocated, follow, 8)
     rec = record_of(pdd, "settle", turn=1)
@@ -177,15 +191,6 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     thread = threading.Thread(target=run)
     thread.start()
     time.sleep(1.0)
-    (md,) = [s for s in pdd.servers if s.role == "main_decode"]
-
-    def md_transfers(room):
-        path = pdd.transfer_log(md.name)
-        lines = path.read_text().splitlines() if path.exists() else []
-        return [
-            t for t in map(json.loads, lines) if t.get("room") == room and t["side"] == "decode"
-        ]
-
     pdd.net.cut_wan()
     try:
         thread.join(120)
@@ -194,15 +199,15 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
         # The WAN stays down until main decode's receiver gives up (kv_idle_timeout_s=5;
         # a shorter cut is survived by TCP, and the KV reaches MD after all).
         deadline = time.monotonic() + 30
-        while not md_transfers(rec.room) and time.monotonic() < deadline:
+        while not md_transfers(pdd, rec.room) and time.monotonic() < deadline:
             time.sleep(0.5)
     finally:
         pdd.net.restore_wan()
     assert result["ids"] == reference_output(colocated, prompt, 40)
     assert rec.status == "ok" and rec.handoff_mode in ("none", "failed") and rec.fallback
     assert rec.eager_tokens == 40 and rec.decode_server.startswith("relay_decode")
-    (md_transfer,) = md_transfers(rec.room)
-    assert md_transfer["status"] == "failed" and md_transfer["reason"]
+    (md_transfer,) = md_transfers(pdd, rec.room)
+    assert md_transfer.status == "failed" and md_transfer.reason
     fresh = [rng.randrange(10, 4000) for _ in range(300)]
     assert stream(pdd, fresh, 120, "after-cut") == reference_output(colocated, fresh, 120)
     rec = record_of(pdd, "after-cut")  # the WAN is back: main decode takes over again

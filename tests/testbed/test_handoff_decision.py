@@ -1,0 +1,74 @@
+"""The handoff decision on its own (no servers): every branch of PDD.md's rules."""
+
+from __future__ import annotations
+
+from protocol.names import HandoffMode
+from testbed.router.handoff_decision import (
+    Action,
+    HandoffState,
+    Knobs,
+    decide,
+    pinned_mode,
+)
+
+K = Knobs(catch_up_threshold=64, catch_up_done=8, rld_busy_requests=4, min_remaining_tokens=2)
+
+
+def state(**kw) -> HandoffState:
+    base = dict(eager=10, handed=0, remaining=100, md_holds_kv=True)
+    return HandoffState(**{**base, **kw})
+
+
+def test_nothing_moves_before_main_decode_holds_the_kv():
+    d = decide(state(md_holds_kv=False), K)
+    assert d.action is Action.WAIT and d.mode is None
+
+
+def test_few_pending_tokens_go_one_shot_and_final():
+    d = decide(state(eager=10), K)  # 9 pending (the first token came from prefill)
+    assert (d.action, d.mode, d.tokens) == (Action.FINAL, HandoffMode.ONE_SHOT, 9)
+
+
+def test_many_pending_tokens_start_a_catch_up_batch():
+    d = decide(state(eager=100), K)
+    assert (d.action, d.mode, d.tokens) == (Action.BATCH, HandoffMode.CATCH_UP, 99)
+
+
+def test_catch_up_waits_for_the_batch_in_flight_then_ends_when_few_pend():
+    s = state(eager=110, handed=99, mode=HandoffMode.CATCH_UP, batch_in_flight=True)
+    assert decide(s, K).action is Action.WAIT
+    s = state(eager=110, handed=99, mode=HandoffMode.CATCH_UP)  # 10 pending > 8
+    assert decide(s, K).action is Action.BATCH
+    s = state(eager=106, handed=99, mode=HandoffMode.CATCH_UP)  # 6 pending <= 8
+    assert decide(s, K).action is Action.FINAL
+
+
+def test_a_busy_relay_decode_is_freed_at_once():
+    d = decide(state(eager=100, rld_load=5), K)
+    assert (d.action, d.mode) == (Action.FINAL, HandoffMode.ONE_SHOT)
+    # mid catch-up, load rising: the next decision hands over whatever is pending
+    s = state(eager=150, handed=99, mode=HandoffMode.CATCH_UP, rld_load=5)
+    assert decide(s, K).action is Action.FINAL
+
+
+def test_relay_decode_finishes_a_request_about_to_end():
+    d = decide(state(remaining=1), K)
+    assert d.action is Action.WAIT and "about to finish" in d.why
+
+
+def test_a_pinned_handoff_fires_at_its_token_even_before_the_kv_is_held():
+    s = state(eager=5, md_holds_kv=False, pinned_at=9, pinned_mode=HandoffMode.ONE_SHOT)
+    assert decide(s, K).action is Action.WAIT
+    s = state(eager=9, md_holds_kv=False, pinned_at=9, pinned_mode=HandoffMode.ONE_SHOT)
+    assert (decide(s, K).action, decide(s, K).tokens) == (Action.FINAL, 8)
+    # a pinned catch-up batches while MD holds the KV, and overtakes a batch in flight
+    s = state(eager=20, handed=0, pinned_at=40, pinned_mode=HandoffMode.CATCH_UP)
+    assert decide(s, K).action is Action.BATCH
+    s = state(eager=40, handed=30, pinned_at=40, batch_in_flight=True, mode=HandoffMode.CATCH_UP)
+    assert decide(s, K).action is Action.FINAL
+
+
+def test_pinned_mode_header():
+    assert pinned_mode(None) is None and pinned_mode("") is None
+    assert pinned_mode("catch-up") is HandoffMode.CATCH_UP
+    assert pinned_mode("one-shot") is HandoffMode.ONE_SHOT
