@@ -128,9 +128,22 @@ class Router:
             for name in busy:
                 self.loads.in_flight[name] -= 1
             record.finish = record.finish or time.time()
-            await self._join_transfer(route, record)
             if self.after is not None:
                 self.after.after(route, body, record, turn_done)
+            late = self.relayed.unfinished_prefills.pop(id(record), None) if self.relayed else None
+            if late is None:
+                await self._write(route, record)
+            else:  # the client is done; P's answer (its prefix hit) comes with its WAN leg
+                self.background(self._write(route, record, after=late))
+
+    async def _write(self, route: Route, record: RequestRecord, after=None) -> None:
+        """Join the KV transfer into the record and write it (also when cut short by
+        shutdown: a record is never lost)."""
+        try:
+            if after is not None:
+                await asyncio.wait({after}, timeout=self.config.pdd.settle_timeout_s)
+            await self._join_transfer(route, record)
+        finally:
             self.records.write(record)
 
     async def _serve(self, request, body, route: Route, record: RequestRecord):

@@ -61,6 +61,9 @@ class RelayedPipeline:
         self.pdd, self.knobs = pdd, Knobs.of(pdd)
         self.upstream, self.loads, self.transfers = upstream, loads, transfers
         self.after, self.background = after, background
+        # id(record) → the prefill call still running after relay decode finished the
+        # request (P answers once its WAN leg ends): the record waits for its answer.
+        self.unfinished_prefills: dict[int, asyncio.Task] = {}
 
     async def serve(
         self, request: web.Request, body: dict, route: Route, record: RequestRecord
@@ -215,6 +218,8 @@ class RelayedRequest:
             return False
         # The session's next turn waits for the settle, so P's and MD's caches agree.
         self.p.after.settling[id(record)] = self.p.background(self.settle(list(self.tokens)))
+        if not self.prefill.done():
+            self.p.unfinished_prefills[id(record)] = self.prefill
         return True
 
     async def _stream_main_decode(self) -> None:
