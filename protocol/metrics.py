@@ -39,3 +39,30 @@ def percentile(values: Iterable[float], p: float) -> float:
     """Linear-interpolation percentile (numpy's default); NaN for no values."""
     values = list(values)
     return float(np.percentile(values, p)) if values else float("nan")
+
+
+class TtftPart(StrEnum):
+    """Where a request's first-token time went; the parts add up to its TTFT.
+
+    Each is the gap between two stamps of one clock (router, servers and their logs
+    share the host's wall clock), along the path the first token took.
+    """
+
+    QUEUE = "queue_s"  # arrival → dispatched: the router, incl. the previous turn's alignment
+    PREFILL = "prefill_s"  # dispatched → P's first KV byte: prefill's wait and compute
+    KV = "kv_s"  # P's first KV byte → the first token's decoder holds the KV
+    FIRST_DECODE = "first_decode_s"  # KV held → first token at the router
+    SERVER = "server_s"  # colocated: dispatched → first token (wait, prefill, decode)
+
+    @property
+    def label(self) -> str:
+        return _PART_LABELS[self]
+
+
+_PART_LABELS = {
+    TtftPart.QUEUE: "router queue",
+    TtftPart.PREFILL: "prefill wait + compute",
+    TtftPart.KV: "KV transfer to the first decoder",
+    TtftPart.FIRST_DECODE: "first decode step + stream",
+    TtftPart.SERVER: "colocated server",
+}

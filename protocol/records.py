@@ -63,6 +63,13 @@ class RequestRecord(TokenTimes):
     decode_server: str | None = None
     room: int | None = None
     arrival: float = 0.0
+    dispatched: float | None = None  # routed and sent on (after the previous turn's alignment)
+    prefill_first_byte: float | None = None  # P sent its first KV byte: prefill computed
+    kv_first_byte: float | None = None  # the first token's decoder: KV first byte received
+    kv_end: float | None = None  # ... and the whole KV held
+    wan_first_byte: float | None = None  # main decode's KV over the WAN: first byte received
+    wan_end: float | None = None  # ... and all of it
+    handoff_extended: float | None = None  # MD finished the final handoff's extend forward
     first_token: float | None = None
     finish: float | None = None
     token_times: list[float] = field(default_factory=list)
@@ -71,16 +78,18 @@ class RequestRecord(TokenTimes):
     cached_tokens_decode: int | None = None  # prefix decode already held (decode_prefix_len)
     output_tokens: int = 0
     output_ids: list[int] = field(default_factory=list)  # native /generate only
-    eager_tokens: int = 0  # streamed by relay decode before the handoff
+    eager_tokens: int = 0  # the client got from relay decode (also while MD took over)
     handoff_tokens: int = 0  # token ids sent to main decode (all batches)
     handoff_mode: str | None = None  # a protocol.names.HandoffMode
     handoff_batches: int = 0
     handoff_bytes: int = 0  # handoff frames on the wire (headers included)
-    handoff_s: float | None = None  # last eager token → first main-decode token (client gap)
+    handoff_s: float | None = None  # client-visible gap at the switch to main decode
     handoff_sent: float | None = None  # wall time the final handoff frame left the router
     handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
     fallback: str | None = None  # why relay decode finished a request meant for MD
-    predicted_wan_s: float | None = None  # the routing input: uncached KV / WAN rate
+    predicted_wan_s: float | None = None  # the routing input: the KV's predicted WAN time
+    wan_queued_bytes: int | None = None  # the prediction's backlog ahead of this transfer
+    wan_goodput_bps: float | None = None  # the prediction's line goodput (bytes/s)
     kv_bytes: int | None = None  # KV payload moved for this request
     kv_wire_bytes: int | None = None
     kv_link: str | None = None  # lan | wan

@@ -142,3 +142,24 @@ def bathtub(model: pd.DataFrame, measured: pd.DataFrame | None = None) -> str:
         ax.grid(alpha=0.3)
     axes[1].legend(fontsize=8)
     return _png(fig)
+
+
+def ttft_parts(breakdown: pd.DataFrame) -> str | None:
+    """Stacked bars: per system and TTFT percentile, where the first-token time went."""
+    from protocol.metrics import TtftPart
+
+    if breakdown.empty:
+        return None
+    frame = breakdown.set_index(breakdown["system"] + " " + breakdown["percentile"])
+    shown = [p for p in TtftPart if frame[p.value].abs().sum() > 0]
+    fig, ax = plt.subplots(figsize=(max(6.4, 0.55 * len(frame)), 3.8))
+    bottom = np.zeros(len(frame))
+    for part in shown:
+        values = frame[part.value].clip(lower=0).to_numpy()
+        ax.bar(frame.index, values, bottom=bottom, label=part.label)
+        bottom += values
+    ax.set(ylabel="s", title="TTFT by part, requests near each percentile")
+    ax.tick_params(axis="x", rotation=60)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    return _png(fig)

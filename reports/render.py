@@ -9,7 +9,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from reports import hetero, plots
+from reports import hetero, plots, ttft
 from reports.run_data import RunData, load_run
 from reports.tables import all_tables, sweep_table
 
@@ -42,12 +42,17 @@ def build(run: RunData) -> str:
     html_tables["latency_ttft"] = _html(lat[ttft_cols], "latency")
     html_tables["latency_rest"] = _html(lat[rest_cols], "latency")
     html_tables["link_check"] = _html(pd.DataFrame(link_rows), "link_check")
+    parts = ttft.breakdown(run)
+    html_tables["ttft_parts"] = _html(parts, "ttft_parts")
+    html_tables["prediction_error"] = _html(ttft.prediction_error(run), "prediction_error")
+    html_tables["regret"] = _html(ttft.regret(run), "regret")
     figures = {
         "ttft_cdf": plots.ttft_cdf(run),
         "latency": plots.latency_boxes(run),
         "wan_bytes": plots.wan_bytes_scatter(run),
         "utilisation": plots.utilisation(tables["wan_utilisation"]),
         "hit_bins": plots.hit_bins(tables["hit_distribution"]),
+        "ttft_parts": plots.ttft_parts(parts),
     }
     html_tables["pacing"] = _html(hetero.pacing(run), "pacing")
     html_tables["plan"] = _html(hetero.plan(run), "plan")

@@ -185,12 +185,13 @@ class Deployment:
         return self.scenario.pdd.handoff_port if role == Role.MAIN_DECODE else None
 
     def _pdd_config(self):
-        if self.system.policy != "pdd":
+        if not self.system.relayed:
             return None
-        model = self.scenario.model.resolve()
+        model, wan = self.scenario.model.resolve(), self.scenario.network.wan
         return self.scenario.pdd.model_copy(
             update={
-                "wan_rate_mbit": self.scenario.network.wan.rate_mbit,
+                "wan_rate_mbit": wan.rate_mbit,
+                "wan_one_way_s": wan.delay_ms / 1000,
                 "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
             }
         )

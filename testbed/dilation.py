@@ -79,6 +79,7 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     pdd = data["pdd"]
     pdd["direct_wan_bound_s"] *= k
     pdd["settle_timeout_s"] *= k
+    pdd["rld_step_s"] *= k
     data["servers"]["kv_idle_timeout_s"] *= k
     generator = data["workload"]["generator"]
     generator["time_scale"] = generator.get("time_scale", 1.0) * k

@@ -20,6 +20,13 @@ class SystemSpec:
     servers: tuple[tuple[Role, str], ...]  # (server role, network role of its host)
     description: str
 
+    @property
+    def relayed(self) -> bool:
+        """Runs PDD's relayed pipeline (relay and main decode, the handoff)."""
+        return self.policy in RELAYED_POLICIES
+
+
+RELAYED_POLICIES = ("pdd", "threshold")
 
 SYSTEMS: dict[str, SystemSpec] = {
     s.name: s
@@ -51,6 +58,16 @@ SYSTEMS: dict[str, SystemSpec] = {
                 (Role.MAIN_DECODE, "main_decode"),
             ),
             "prefill and relay decode in site A, main decode in site B; token-ID handoff",
+        ),
+        SystemSpec(
+            "pdd_threshold",
+            "threshold",
+            (
+                (Role.PREFILL, "prefill"),
+                (Role.RELAY_DECODE, "relay_decode"),
+                (Role.MAIN_DECODE, "main_decode"),
+            ),
+            "pdd's servers, relayed by uncached prompt length alone (a PrfaaS-like threshold)",
         ),
     )
 }

@@ -160,13 +160,20 @@ class HandoffService:
     ) -> None:
         start = time.monotonic()
         started_at = time.time()
-        next_token, extended = extend_parked(self.scheduler, parked.req, list(msg.tokens))
+        req = parked.req
+        next_token, extended = extend_parked(self.scheduler, req, list(msg.tokens), msg.final)
         forward_s = time.monotonic() - start
         parked.extend_forwards += extended > 0
         parked.since = time.monotonic()
+        # A catch-up batch leaves the last token pending, and the forward's prediction
+        # should be that token; the final one takes it in, and its prediction is MD's
+        # first own token (known to nobody yet).
+        expected = -1 if msg.final else int(req.output_ids[-1])
         if msg.final:
+            if next_token >= 0:
+                req.output_ids.append(next_token)  # streamed as the request joins the batch
             del self.parked[room]
-            self.scheduler.waiting_queue.append(parked.req)
+            self.scheduler.waiting_queue.append(req)
         reply = Extended(len(msg.tokens), extended, next_token, forward_s, msg.final)
         _reply(conn, MsgType.EXTENDED, room, reply.encode())
         self.log.write(
@@ -177,7 +184,7 @@ class HandoffService:
                 frame_bytes=frame_bytes,
                 forward_s=forward_s,
                 next_token=next_token,
-                expected_next=int(parked.req.output_ids[-1]),
+                expected_next=expected,
                 final=msg.final,
                 extend_forwards=parked.extend_forwards,
                 received=received,
@@ -207,15 +214,18 @@ def _reply(conn: socket.socket | None, kind: MsgType, room: int, body: bytes) ->
         logger.warning("handoff: reply %s for room %d lost: %s", kind.name, room, exc)
 
 
-def extend_parked(scheduler, req, new_tokens: list[int]) -> tuple[int, int]:
-    """Append ``new_tokens`` to a parked request and compute the KV of every output
-    token but the last in one EXTEND forward. Returns (the forward's next token, -1 if
-    no forward ran; how many tokens it computed)."""
+def extend_parked(scheduler, req, new_tokens: list[int], through_last: bool = False):
+    """Append ``new_tokens`` to a parked request and compute, in one EXTEND forward,
+    the KV of every output token but the last (a catch-up batch: the last stays
+    pending, as after any decode step) or of all of them (``through_last``: the final
+    batch, whose forward then predicts the request's next token at once, saving the
+    decode step that would otherwise come first). Returns (the forward's prediction,
+    -1 if no forward ran; how many tokens it computed)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
 
     req.output_ids.extend(new_tokens)
     committed = req.kv.kv_committed_len
-    target = len(req.origin_input_ids) + len(req.output_ids) - 1  # the last is pending
+    target = len(req.origin_input_ids) + len(req.output_ids) - (0 if through_last else 1)
     if target <= committed:
         return -1, 0
     saved = {

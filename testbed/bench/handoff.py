@@ -143,7 +143,9 @@ class Trials:
                 f"{kv.end - kv.start:.2f} s), so it would not time the handoff alone"
             )
         sent = rec.handoff_sent
-        exact = h.next_token == h.expected_next and not rec.handoff_mismatch
+        # The final forward predicts main decode's first own token: the stream's next.
+        predicted = rec.output_ids[rec.handoff_tokens + 1]
+        exact = h.next_token == predicted and not rec.handoff_mismatch
         return dict(
             path="token ids",
             trial=i,

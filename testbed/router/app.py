@@ -13,17 +13,18 @@ import asyncio
 import json
 import time
 import uuid
+from pathlib import Path
 
 from aiohttp import ClientError, web
 
 from protocol import headers
-from protocol.names import Pipeline
+from protocol.names import Pipeline, Role
 from protocol.records import JsonlWriter, RequestRecord
 from protocol.rooms import new_room
 from protocol.stream import Chunk, OutputStream, error_event
 from testbed.router.after import AfterRequest
 from testbed.router.config import RouterConfig, ServerEntry
-from testbed.router.policies import Loads, Route, make_policy
+from testbed.router.policies import Loads, PddPolicy, Route, make_policy
 from testbed.router.relay import RelayedPipeline
 from testbed.router.transfers import TransferIndex
 from testbed.router.upstream import Upstream, UpstreamError, cached_tokens, lines, read_or_abort
@@ -38,12 +39,16 @@ class Router:
         self.loads = Loads()
         self.records = JsonlWriter(config.records)
         logs = [s.transfer_log for s in config.servers if s.transfer_log]
-        self.transfers = TransferIndex(logs)
+        self.transfers = TransferIndex(logs, on_decode=self._settle_wan)
         self.upstream = Upstream(config.upstream_timeout_s)
+        near = {s.site for s in config.with_role(Role.PREFILL)}
+        self._wan_logs = {
+            Path(s.transfer_log) for s in config.servers if s.transfer_log and s.site not in near
+        }
         self._background: set[asyncio.Task] = set()  # work that outlives its request
         self.after: AfterRequest | None = None
         self.relayed: RelayedPipeline | None = None
-        if config.policy == "pdd":
+        if isinstance(self.policy, PddPolicy):
             pdd = self.policy.pdd
             self.after = AfterRequest(pdd, self.policy.mirror, self.upstream)
             self.relayed = RelayedPipeline(
@@ -103,16 +108,20 @@ class Router:
             turn_done = await self.after.before(record.session_id)
         try:
             pinned = request.headers.get(headers.PIPELINE)
+            self.transfers.refresh()  # transfers that ended leave the WAN line's backlog
             route = self.policy.choose(body, self.loads, record.session_id, pinned)
         except (LookupError, ValueError) as exc:
             if self.after is not None:
                 self.after.after(None, body, record, turn_done)
             status = 503 if isinstance(exc, LookupError) else 400
             return web.json_response({"error": str(exc)}, status=status)
+        record.dispatched = time.time()
         record.pipeline, record.pipeline_reason = route.pipeline, route.reason
-        record.predicted_wan_s = route.predicted_wan_s
         record.decode_server = route.stream_from.name
-        record.prefill_server = route.prefill.name if route.prefill else None
+        if route.prefill is not None:
+            record.prefill_server = route.prefill.name
+            record.room = new_room(dual_path=route.pipeline == Pipeline.P_RLD_MD)
+        self._on_wan(route, record)
         busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
         for name in busy:
             self.loads.in_flight[name] += 1
@@ -151,12 +160,11 @@ class Router:
             return await self._relay(request, route.stream_from, body, record)
         if route.pipeline == Pipeline.P_RLD_MD:
             return await self.relayed.serve(request, body, route, record)
-        room = record.room = new_room()
         pd_body = {
             **body,
             "bootstrap_host": route.prefill.host,
             "bootstrap_port": route.prefill.bootstrap_port,
-            "bootstrap_room": room,
+            "bootstrap_room": record.room,
         }
         prefill = asyncio.create_task(
             self.upstream.prefill(route.prefill, request.path, pd_body, record)
@@ -169,6 +177,23 @@ class Router:
         finally:
             if not prefill.done():
                 prefill.cancel()
+
+    def _settle_wan(self, log, transfer) -> None:
+        """A receiver's log line: if it is a far-site server's, the WAN line learns."""
+        if self.policy.wan is not None and log in self._wan_logs:
+            self.policy.wan.settle(transfer.room, transfer)
+
+    def _on_wan(self, route: Route, record: RequestRecord) -> None:
+        """A request whose KV crosses the WAN: its prediction goes into the record, and
+        its bytes onto the line's backlog until the receiver's log settles them."""
+        if route.wan is None:
+            return
+        record.predicted_wan_s = route.wan.seconds
+        record.wan_queued_bytes = route.wan.queued_bytes
+        record.wan_goodput_bps = route.wan.goodput_bps
+        crosses = route.prefill is not None and route.kv_server.site != route.prefill.site
+        if crosses and route.wan.own_bytes and self.policy.wan is not None:
+            self.policy.wan.start(record.room, route.wan.own_bytes)
 
     async def _relay(
         self,
@@ -227,26 +252,45 @@ class Router:
             upstream.release()
 
     async def _join_transfer(self, route: Route, record: RequestRecord) -> None:
+        """The servers' logs into the record: the KV that crossed to the server that
+        decodes to the end (for P->RLD->MD: main decode, over the WAN, even if relay
+        decode finished the request), and the stamps that split the TTFT."""
         if record.room is None:
             return
-        # The KV that matters is the one to the server that decodes to the end (for
-        # P->RLD->MD: main decode, over the WAN, even if relay decode finished it).
-        server = route.main_decode or route.stream_from
+        server, room = route.kv_server, record.room
         if server.transfer_log is None:
             return
-        transfer = await self.transfers.lookup(
-            record.room, server.transfer_log, wait_s=0.5 if record.status == "ok" else 0.1
-        )
+        wait_s = 0.5 if record.status == "ok" else 0.1
+        transfer = await self.transfers.lookup(room, server.transfer_log, wait_s)
+        self._join_stamps(route, record)
+        self.transfers.forget(room)
         if transfer is None:
             return
         record.kv_bytes, record.kv_wire_bytes = transfer.kv_bytes, transfer.wire_bytes
         record.cached_tokens_decode = transfer.decode_prefix_len
         record.kv_transfer_s = transfer.seconds
         record.kv_link = "lan" if route.prefill.site == server.site else "wan"
+        if record.kv_link == "wan":
+            record.wan_first_byte, record.wan_end = transfer.first_byte, transfer.end
         if not transfer.ok and record.fallback:
             record.fallback = f"{record.fallback}; KV transfer: {transfer.reason}"[:500]
         elif not transfer.ok and record.status == "ok":
             record.status, record.error = "error", f"KV transfer failed: {transfer.reason}"
+
+    def _join_stamps(self, route: Route, record: RequestRecord) -> None:
+        """When P finished computing, when the first token's decoder held the KV, and
+        when MD extended the final handoff."""
+        room, logs = record.room, self.transfers
+        if route.prefill.transfer_log is not None:
+            sent = [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
+            record.prefill_first_byte = min((t for t in sent if t), default=None)
+        first = route.stream_from.transfer_log
+        held = logs.peek(room, first) if first is not None else None
+        if held is not None and held.ok:
+            record.kv_first_byte, record.kv_end = held.first_byte, held.end
+        if route.main_decode is not None and route.main_decode.transfer_log is not None:
+            final = [h for h in logs.handoffs(room, route.main_decode.transfer_log) if h.final]
+            record.handoff_extended = final[-1].extended_at if final else None
 
 
 def _record_final(record: RequestRecord, text: str, status: int) -> None:

@@ -29,8 +29,21 @@ class PddConfig(BaseModel):
     handoff_port: int = Field(8997, description="Main decode's handoff listener port.")
     wan_rate_mbit: float = Field(100.0, gt=0, description="WAN rate the router plans with.")
     kv_bytes_per_token: int = Field(8192, gt=0, description="KV bytes per token (the model's).")
+    wan_one_way_s: float = Field(0.0, ge=0, description="WAN one-way delay the router plans with.")
     direct_wan_bound_s: float = Field(
         0.1, ge=0, description="Predicted WAN transfer time up to which a request goes P->MD."
+    )
+    rld_max_requests: int = Field(
+        4,
+        ge=1,
+        description="Relay decode takes a relayed request only while it has fewer than this "
+        "many in flight; beyond, the pipeline with the lower predicted TTFT wins.",
+    )
+    rld_step_s: float = Field(
+        0.05, gt=0, description="A relay-decode step: the wait per request over its bound."
+    )
+    threshold_tokens: int = Field(
+        512, ge=0, description="threshold policy: relay when more prompt tokens are uncached."
     )
     catch_up_threshold: int = Field(
         64, ge=1, description="More pending eager tokens than this: catch-up handoff."
@@ -40,6 +53,12 @@ class PddConfig(BaseModel):
     )
     rld_busy_requests: int = Field(
         4, ge=1, description="Relay decode this loaded (in flight) is released at once."
+    )
+    md_busy_requests: int = Field(
+        8, ge=1, description="Main decode this loaded takes a handoff in catch-up batches."
+    )
+    catch_up_batch: int = Field(
+        64, ge=1, description="Most tokens in one catch-up batch (one extend forward on MD)."
     )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."

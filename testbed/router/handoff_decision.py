@@ -8,7 +8,9 @@ final batch (MD takes the request over). PDD.md's rules:
   applies it once it does), nor while the previous catch-up batch is being extended;
 - relay decode finishes a request that is about to end anyway;
 - one-shot when few tokens are pending (at most ``catch_up_threshold``) or relay
-  decode is busy (it should be freed at once), catch-up otherwise;
+  decode is busy (it should be freed at once), catch-up otherwise — also for fewer
+  pending tokens when main decode is busy, since one big extend would stall every
+  stream it serves; a catch-up batch carries at most ``catch_up_batch`` tokens;
 - catch-up ends with a final batch once few are pending (``catch_up_done``) or when
   relay decode becomes busy.
 """
@@ -33,6 +35,8 @@ class Knobs:
     catch_up_done: int = 8
     rld_busy_requests: int = 4
     min_remaining_tokens: int = 2
+    md_busy_requests: int = 8
+    catch_up_batch: int = 64
 
     @classmethod
     def of(cls, pdd) -> Knobs:
@@ -42,6 +46,8 @@ class Knobs:
             pdd.catch_up_done,
             pdd.rld_busy_requests,
             pdd.min_remaining_tokens,
+            pdd.md_busy_requests,
+            pdd.catch_up_batch,
         )
 
 
@@ -55,6 +61,7 @@ class HandoffState:
     md_holds_kv: bool
     batch_in_flight: bool = False  # a catch-up batch MD has not extended yet
     rld_load: int = 0  # requests in flight on relay decode
+    md_load: int = 0  # requests in flight on main decode
     mode: HandoffMode | None = None  # chosen at the first batch, kept after
     pinned_at: int | None = None  # x-pdd-handoff-at: hand off at this many eager tokens
     pinned_mode: HandoffMode | None = None  # x-pdd-handoff-mode
@@ -84,7 +91,8 @@ def decide(s: HandoffState, k: Knobs) -> Decision:
     busy = s.rld_load > k.rld_busy_requests
     mode = s.mode or s.pinned_mode
     if mode is None:
-        catch_up = s.pending > k.catch_up_threshold and not busy
+        md_busy = s.md_load > k.md_busy_requests and s.pending > k.catch_up_done
+        catch_up = (s.pending > k.catch_up_threshold or md_busy) and not busy
         mode = HandoffMode.CATCH_UP if catch_up else HandoffMode.ONE_SHOT
     if s.pinned_at is not None:
         final = pinned_now
@@ -96,7 +104,7 @@ def decide(s: HandoffState, k: Knobs) -> Decision:
         # one-shot waits for its moment; catch-up batches need MD holding the KV
         # (their acknowledgements share the channel)
         return Decision(Action.WAIT, mode, why="not yet")
-    return Decision(Action.BATCH, mode, s.pending, "catch up")
+    return Decision(Action.BATCH, mode, min(s.pending, k.catch_up_batch), "catch up")
 
 
 def pinned_mode(header: str | None) -> HandoffMode | None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol import headers
 from protocol.names import Pipeline, Role
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
 from testbed.router.mirror import PrefixMirror
+from testbed.router.wan import WanLine, WanPrediction
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,16 @@ class Route:
     stream_from: ServerEntry  # the server whose stream the client sees (first)
     prefill: ServerEntry | None = None
     main_decode: ServerEntry | None = None  # P->RLD->MD: who takes over after the handoff
-    predicted_wan_s: float | None = None
+    wan: WanPrediction | None = None  # the KV's predicted time on the WAN (if it crosses)
+
+    @property
+    def predicted_wan_s(self) -> float | None:
+        return None if self.wan is None else self.wan.seconds
+
+    @property
+    def kv_server(self) -> ServerEntry:
+        """The server the prompt's KV must reach to decode to the end."""
+        return self.main_decode or self.stream_from
 
 
 class Loads:
@@ -35,8 +45,9 @@ class Loads:
 
 
 class Policy:
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: RouterConfig, wan: WanLine | None = None) -> None:
         self.config = config
+        self.wan = wan  # the WAN line's state, where the policy predicts transfers
 
     def choose(
         self, body: dict, loads: Loads, session: str | None = None, pinned: str | None = None
@@ -63,13 +74,15 @@ class PrefillDecodePolicy(Policy):
 
 
 class PddPolicy(Policy):
-    """PDD's two pipelines, per request from the predicted WAN transfer time:
-    P->MD when the KV main decode lacks crosses the WAN within the bound, P->RLD->MD
-    otherwise; anomalous requests (very long input, very short output) RLD-only."""
+    """PDD's two pipelines, per request from the predicted WAN transfer time (the KV
+    main decode lacks, behind what the line already carries): P->MD within the bound,
+    P->RLD->MD beyond it while relay decode can take the request; when it cannot, the
+    pipeline with the lower predicted TTFT. Anomalous requests (very long input, very
+    short output) RLD-only."""
 
-    def __init__(self, config: RouterConfig) -> None:
-        super().__init__(config)
+    def __init__(self, config: RouterConfig, wan: WanLine | None = None) -> None:
         self.pdd: PddConfig = config.pdd or PddConfig()
+        super().__init__(config, wan or wan_line(self.pdd))
         self.mirror = PrefixMirror()
 
     def choose(self, body, loads, session: str | None = None, pinned: str | None = None):
@@ -93,7 +106,7 @@ class PddPolicy(Policy):
         stream_from, then = servers[pinned]
         prefill = loads.least_loaded(self.config.with_role(Role.PREFILL))
         reason = f"pinned by {headers.PIPELINE} (the policy chose {route.pipeline})"
-        return Route(pinned, reason, stream_from, prefill, then, route.predicted_wan_s)
+        return Route(pinned, reason, stream_from, prefill, then, route.wan)
 
     def _choose(self, body, loads, session: str | None):
         pdd = self.pdd
@@ -105,18 +118,54 @@ class PddPolicy(Policy):
         n_out = max_new_tokens(body)
         if n_in >= pdd.anomalous_min_input and n_out <= pdd.anomalous_max_output:
             reason = f"anomalous: {n_in} input tokens, {n_out} output"
-            return Route(Pipeline.RLD_ONLY, reason, relay, prefill, predicted_wan_s=0.0)
-        hit = self.mirror.predicted_hit(prompt, session) if prompt is not None else 0
-        wan_s = (n_in - hit) * pdd.kv_bytes_per_token * 8 / (pdd.wan_rate_mbit * 1e6)
-        bound = f"{wan_s * 1e3:.0f} ms predicted WAN time ({n_in - hit} uncached tokens)"
-        if wan_s <= pdd.direct_wan_bound_s:
-            reason = f"{bound} <= {pdd.direct_wan_bound_s * 1e3:.0f} ms"
-            return Route(Pipeline.P_MD, reason, main, prefill, predicted_wan_s=wan_s)
+            return Route(Pipeline.RLD_ONLY, reason, relay, prefill)
+        uncached = n_in - (self.mirror.predicted_hit(prompt, session) if prompt is not None else 0)
+        wan = self.wan.predict(uncached * pdd.kv_bytes_per_token)
+        direct = Route(Pipeline.P_MD, "", main, prefill, wan=wan)
+        relayed = Route(Pipeline.P_RLD_MD, "", relay, prefill, main, wan=wan)
+        said = (
+            f"{wan.seconds * 1e3:.0f} ms predicted WAN time ({uncached} uncached tokens"
+            f" behind {wan.queued_bytes / 1e6:.2f} MB)"
+        )
+        bound_ms = pdd.direct_wan_bound_s * 1e3
+        if wan.seconds <= pdd.direct_wan_bound_s:
+            return replace(direct, reason=f"{said} <= {bound_ms:.0f} ms")
         if prompt is None:
-            reason = f"{bound}; relaying needs token ids (native /generate), so P->MD"
-            return Route(Pipeline.P_MD, reason, main, prefill, predicted_wan_s=wan_s)
-        reason = f"{bound} > {pdd.direct_wan_bound_s * 1e3:.0f} ms"
-        return Route(Pipeline.P_RLD_MD, reason, relay, prefill, main, predicted_wan_s=wan_s)
+            return replace(direct, reason=f"{said}; relaying needs token ids, so P->MD")
+        over = loads.in_flight[relay.name] + 1 - pdd.rld_max_requests
+        if over <= 0:
+            return replace(relayed, reason=f"{said} > {bound_ms:.0f} ms")
+        rld_wait = over * pdd.rld_step_s  # relay decode beyond its bound: a step per request
+        load = f"relay decode at {loads.in_flight[relay.name]} requests, {rld_wait * 1e3:.0f} ms"
+        if wan.seconds <= rld_wait:
+            return replace(direct, reason=f"{said}; {load}: P->MD is faster")
+        return replace(relayed, reason=f"{said}; {load}: relaying is still faster")
+
+
+class ThresholdPolicy(PddPolicy):
+    """Relay by uncached prompt length alone (as cross-DC systems like PrfaaS route):
+    P->RLD->MD when more than ``threshold_tokens`` are uncached on main decode, P->MD
+    otherwise. No WAN state, no load; the WAN prediction is only recorded."""
+
+    def _choose(self, body, loads, session: str | None):
+        prefill = loads.least_loaded(self.config.with_role(Role.PREFILL))
+        relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
+        main = loads.least_loaded(self.config.with_role(Role.MAIN_DECODE))
+        prompt = prompt_tokens(body)
+        n_in = len(prompt) if prompt is not None else text_tokens(body)
+        uncached = n_in - (self.mirror.predicted_hit(prompt, session) if prompt is not None else 0)
+        wan = self.wan.predict(uncached * self.pdd.kv_bytes_per_token)
+        limit = self.pdd.threshold_tokens
+        if uncached > limit and prompt is not None:
+            reason = f"{uncached} uncached tokens > {limit}"
+            return Route(Pipeline.P_RLD_MD, reason, relay, prefill, main, wan=wan)
+        reason = f"{uncached} uncached tokens <= {limit}" if uncached <= limit else "text prompt"
+        return Route(Pipeline.P_MD, reason, main, prefill, wan=wan)
+
+
+def wan_line(pdd: PddConfig) -> WanLine:
+    """A WAN line seeded by the configured rate (bytes/s) and one-way delay."""
+    return WanLine(pdd.wan_rate_mbit * 1e6 / 8, pdd.wan_one_way_s)
 
 
 def prompt_tokens(body: dict) -> list[int] | None:
@@ -152,6 +201,7 @@ POLICIES: dict[str, Callable[[RouterConfig], Policy]] = {
     "colocated": ColocatedPolicy,
     "pd": PrefillDecodePolicy,
     "pdd": PddPolicy,
+    "threshold": ThresholdPolicy,
 }
 
 

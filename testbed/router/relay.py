@@ -32,7 +32,7 @@ from aiohttp import web
 from protocol import headers
 from protocol.names import HandoffMode, Pipeline
 from protocol.records import RequestRecord
-from protocol.rooms import md_rid, new_room
+from protocol.rooms import md_rid
 from testbed.router.after import AfterRequest
 from testbed.router.client_stream import ClientStream
 from testbed.router.config import PddConfig
@@ -81,8 +81,7 @@ class RelayedRequest:
         self.tokens: list[int] = []  # every token the client got, in order
         self.pinned_at = int(request.headers.get(headers.HANDOFF_AT, 0)) or None
         self.pinned_mode = pinned_mode(request.headers.get(headers.HANDOFF_MODE))
-        record.room = new_room(dual_path=True)
-        prefill = route.prefill
+        prefill = route.prefill  # record.room: a dual-path room, made by the router
         self.pd_body = {
             **body,
             "stream": True,
@@ -122,9 +121,19 @@ class RelayedRequest:
                 owns_md_side = not await self._ended_on_relay()
                 return self.out.response
             self.record.handoff_mode, self.record.pipeline = mode, Pipeline.P_RLD_MD
+            md = await self.md
+            if md.status != 200:
+                text = (await md.text())[:300]
+                raise UpstreamError(f"main decode answered {md.status}: {text}")
+            md_stream = chunks(md)
+            # Greedy: both streams are the same tokens, so relay decode streams on until
+            # main decode has one the client lacks.
+            if greedy(self.body) and await self._switch_streams(rld, md_stream):
+                owns_md_side = False  # relay decode ended the stream; MD finishes apart
+                return self.out.response
             rld.close()  # SGLang aborts relay decode's request
             rld = None
-            await self._stream_main_decode()
+            await self._stream_main_decode(md_stream)
             self.record.decode_server = route.main_decode.name
             await self.out.finish()
             return self.out.response
@@ -166,6 +175,7 @@ class RelayedRequest:
                     md_holds_kv=self.md_holds_kv,
                     batch_in_flight=inflight is not None,
                     rld_load=self.p.loads.in_flight[self.route.stream_from.name],
+                    md_load=self.p.loads.in_flight[self.route.main_decode.name],
                     mode=mode,
                     pinned_at=self.pinned_at,
                     pinned_mode=self.pinned_mode,
@@ -178,7 +188,7 @@ class RelayedRequest:
                     if not await self._extended(inflight):
                         continue
                     inflight = None
-                batch = tokens[1 + handed :]
+                batch = tokens[1 + handed : 1 + handed + decision.tokens]
                 handed += len(batch)
                 batches += 1
                 sent = time.time()
@@ -222,24 +232,79 @@ class RelayedRequest:
             self.p.unfinished_prefills[id(record)] = self.prefill
         return True
 
-    async def _stream_main_decode(self) -> None:
-        md = await self.md
-        if md.status != 200:
-            text = (await md.text())[:300]
-            raise UpstreamError(f"main decode answered {md.status}: {text}")
-        tokens, k, eager_end = self.tokens, len(self.tokens), time.time()
-        async for chunk in chunks(md):
-            if chunk.error:
-                raise UpstreamError(f"main decode: {chunk.error}")
-            echoed = chunk.echoed()
-            if echoed is not None and len(echoed) >= k and echoed[:k] != tokens[:k]:
-                self.record.handoff_mismatch = True
-            new = chunk.new_ids(len(tokens))
-            if new and self.record.handoff_s is None:
-                self.record.handoff_s = time.time() - eager_end
-            tokens += new
-            if new or chunk.finished or chunk.done:
+    async def _switch_streams(self, rld, md_stream) -> bool:
+        """After the final handoff, relay decode keeps streaming while main decode
+        takes over; the client gets each token from whichever stream has it first, and
+        the router switches to main decode at the first token main decode has that the
+        client has not (relay decode's request is then aborted). Greedy decoding only:
+        both streams are the same tokens. Returns True if relay decode ended the stream
+        first (main decode then finishes the request off the client's path)."""
+        rld_stream = chunks(rld, self.prefill)
+        from_rld = asyncio.ensure_future(anext(rld_stream, None))
+        from_md = asyncio.ensure_future(anext(md_stream, None))
+        try:
+            while True:
+                await asyncio.wait({from_rld, from_md}, return_when=asyncio.FIRST_COMPLETED)
+                if from_md.done():
+                    chunk = from_md.result()
+                    if await self._from_main_decode(chunk):
+                        return False  # switched: main decode's stream from here on
+                    from_md = asyncio.ensure_future(anext(md_stream, None))
+                    continue
+                chunk = from_rld.result()
+                if chunk is None or chunk.error:  # relay decode is gone: main decode alone
+                    return False
+                new = chunk.new_ids(len(self.tokens))
+                self.tokens += new
+                self.record.eager_tokens = len(self.tokens)
                 await self.out.emit(chunk, len(new))
+                if chunk.finished or chunk.done:  # relay decode reached the end first
+                    await self.out.finish()
+                    self.p.background(self._drain_main_decode(from_md, md_stream))
+                    from_md = None
+                    return True
+                from_rld = asyncio.ensure_future(anext(rld_stream, None))
+        finally:
+            for task in (from_rld, from_md):
+                if task is not None and not task.done():
+                    task.cancel()
+
+    async def _from_main_decode(self, chunk) -> bool:
+        """One chunk of main decode's stream after the handoff: its echo of what the
+        client already has is checked, and tokens beyond it go to the client. Returns
+        whether it carried such a token (or ended the stream)."""
+        if chunk is None:
+            raise UpstreamError("main decode's stream ended after the handoff")
+        if chunk.error:
+            raise UpstreamError(f"main decode: {chunk.error}")
+        tokens = self.tokens
+        echoed = chunk.echoed()
+        if echoed is not None:
+            n = min(len(echoed), len(tokens))
+            self.record.handoff_mismatch |= echoed[:n] != tokens[:n]
+        new = chunk.new_ids(len(tokens))
+        if new and self.record.handoff_s is None:  # the client-visible gap at the switch
+            self.record.handoff_s = time.time() - self.record.token_times[-1]
+        tokens += new
+        if new or chunk.finished or chunk.done:
+            await self.out.emit(chunk, len(new))
+        return bool(new) or chunk.finished or chunk.done
+
+    async def _stream_main_decode(self, md_stream) -> None:
+        async for chunk in md_stream:
+            await self._from_main_decode(chunk)
+
+    async def _drain_main_decode(self, pending: asyncio.Future, md_stream) -> None:
+        """Relay decode finished the client's stream after the handoff: main decode
+        decodes the request to its end anyway, so its cache holds the exchange."""
+        try:
+            chunk = await pending
+            while chunk is not None and not (chunk.finished or chunk.done or chunk.error):
+                chunk = await anext(md_stream, None)
+        except Exception as exc:  # off the client's path: log, never raise
+            logger.info("room %s: main decode after relay decode ended: %r", self.record.room, exc)
+        finally:
+            self._release()
 
     async def settle(self, tokens: list[int]) -> None:
         """Relay decode finished the request before MD held the KV: MD still takes the
@@ -305,3 +370,11 @@ class RelayedRequest:
             resp = md.result()
             return f"main decode answered {resp.status}: {(await resp.text())[:300]}"
         return f"{RLD_FIRST} (main decode did not hold the KV yet)"
+
+
+def greedy(body: dict) -> bool:
+    """Whether a request decodes greedily (so relay and main decode agree token for
+    token). SGLang's default temperature is 1."""
+    params = body.get("sampling_params") or {}
+    temperature = params.get("temperature", body.get("temperature", 1.0))
+    return temperature == 0 or params.get("top_k") == 1

@@ -1,22 +1,33 @@
-"""Finds a request's KV transfer in the servers' transfer logs, by bootstrap room."""
+"""The servers' transfer logs, read as they grow, by bootstrap room.
+
+Each line is a :data:`protocol.records.TRANSFER_LOG_SIDES` record: a transfer's
+sender side (prefill, one per destination), its receiver side (decode), or a handoff
+main decode applied. The router joins them into a request's record (KV bytes, the
+TTFT's parts) and its WAN line learns from the receivers' lines as they appear.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections import OrderedDict
 from pathlib import Path
 
-from protocol.records import TransferRecord, from_dict
+from protocol.records import TRANSFER_LOG_SIDES, HandoffRecord, TransferRecord, from_dict
+
+KEEP = 20_000  # log lines kept per side for lookup; the oldest go first
 
 
 class TransferIndex:
-    """Reads the decode-side transfer logs incrementally; looks records up by room."""
-
-    def __init__(self, paths: list[Path]) -> None:
+    def __init__(self, paths: list[Path], on_decode=None) -> None:
         self._offsets = {Path(p): 0 for p in paths}
-        self._by_room: dict[tuple[Path, int], TransferRecord] = {}
+        # (log, room, side) → records in the order written (a dual-path room has two
+        # sender lines in prefill's log; a catch-up handoff several handoff lines)
+        self._lines: OrderedDict[tuple[Path, int, str], list] = OrderedDict()
+        self._on_decode = on_decode  # called with (log, receiver's record) as each is read
 
-    def _refresh(self) -> None:
+    def refresh(self) -> None:
+        """Read what the logs gained since the last call."""
         for path, offset in self._offsets.items():
             try:
                 with open(path) as f:
@@ -28,23 +39,40 @@ class TransferIndex:
             self._offsets[path] = offset + len(complete.encode())
             for line in complete.splitlines():
                 data = json.loads(line)
-                if data.get("side") == "decode":
-                    self._by_room[(path, data["room"])] = from_dict(TransferRecord, data)
+                side = data.get("side")
+                if side not in TRANSFER_LOG_SIDES:
+                    continue
+                record = from_dict(TRANSFER_LOG_SIDES[side], data)
+                self._lines.setdefault((path, record.room, side), []).append(record)
+                if side == "decode" and self._on_decode is not None:
+                    self._on_decode(path, record)
+        while len(self._lines) > KEEP:
+            self._lines.popitem(last=False)
 
     async def lookup(self, room: int, log: Path, wait_s: float = 1.0) -> TransferRecord | None:
-        """The decode side's record for ``room`` in ``log`` (a dual-path room has one
-        per destination); waits briefly for it to be written."""
+        """The receiver's record for ``room`` in ``log``; waits briefly for it."""
         deadline = asyncio.get_running_loop().time() + wait_s
-        key = (Path(log), room)
         while True:
-            self._refresh()
-            if key in self._by_room:
-                return self._by_room.pop(key)
-            if asyncio.get_running_loop().time() >= deadline:
-                return None
+            found = self.peek(room, log)
+            if found is not None or asyncio.get_running_loop().time() >= deadline:
+                return found
             await asyncio.sleep(0.05)
 
     def peek(self, room: int, log: Path) -> TransferRecord | None:
-        """The record for ``room`` if it is written yet, left in place for ``lookup``."""
-        self._refresh()
-        return self._by_room.get((Path(log), room))
+        """The receiver's record for ``room`` in ``log`` if it is written yet."""
+        self.refresh()
+        lines = self._lines.get((Path(log), room, "decode"))
+        return lines[-1] if lines else None
+
+    def sent(self, room: int, log: Path) -> list[TransferRecord]:
+        """The sender's records for ``room`` in a prefill server's ``log``."""
+        self.refresh()
+        return list(self._lines.get((Path(log), room, "prefill"), []))
+
+    def handoffs(self, room: int, log: Path) -> list[HandoffRecord]:
+        self.refresh()
+        return list(self._lines.get((Path(log), room, "handoff"), []))
+
+    def forget(self, room: int) -> None:
+        for key in [k for k in self._lines if k[1] == room]:
+            del self._lines[key]

@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
+from protocol.metrics import TtftPart
+from reports import ttft
 from reports.run_data import load_run
 from reports.tables import all_tables
 from testbed.bench.run import run_bench
@@ -39,7 +41,7 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     base["workload"]["generator"].update(
         sessions=2, turns=[2, 2], anomalous_share=0.0, output_tokens=[8, 16]
     )
-    base["systems"] = ["cross_site_pd", "pdd"]
+    base["systems"] = ["colocated", "same_site_pd", "cross_site_pd", "pdd"]
     scenario = Scenario.model_validate(base)
 
     run_dir = run_bench(scenario, tmp_path, Console(file=io.StringIO()))
@@ -67,6 +69,15 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     pdd = run.systems["pdd"].records
     assert set(pdd["pipeline"]) <= {"P->MD", "P->RLD->MD", "RLD-only"}
     assert (pdd["eager_tokens"] > 0).any()  # relay decode streamed under load
+    assert pdd["predicted_wan_s"].notna().all()  # every pdd record carries its prediction
+    for name, s in run.systems.items():  # where each first token's time went
+        parts = ttft.parts(s.records)
+        assert len(parts) == 4, name
+        split = parts[[p.value for p in TtftPart]]
+        assert (split.fillna(0) >= -0.005).all().all(), (name, split)
+        assert (split.sum(axis=1) - parts["ttft_s"]).abs().max() < 0.005, name
+        joined = split[TtftPart.SERVER].isna() if name != "colocated" else split[TtftPart.KV].isna()
+        assert joined.all(), (name, split)  # PD systems: every stamp joined from the logs
     manifest = run.systems["pdd"].manifest
     assert all(s["argv"][:2] == ["taskset", "-c"] for s in manifest["servers"])  # pinned
 

@@ -31,7 +31,7 @@ def test_few_pending_tokens_go_one_shot_and_final():
 
 def test_many_pending_tokens_start_a_catch_up_batch():
     d = decide(state(eager=100), K)
-    assert (d.action, d.mode, d.tokens) == (Action.BATCH, HandoffMode.CATCH_UP, 99)
+    assert (d.action, d.mode, d.tokens) == (Action.BATCH, HandoffMode.CATCH_UP, 64)  # bounded
 
 
 def test_catch_up_waits_for_the_batch_in_flight_then_ends_when_few_pend():
@@ -72,3 +72,17 @@ def test_pinned_mode_header():
     assert pinned_mode(None) is None and pinned_mode("") is None
     assert pinned_mode("catch-up") is HandoffMode.CATCH_UP
     assert pinned_mode("one-shot") is HandoffMode.ONE_SHOT
+
+
+def test_a_busy_main_decode_takes_even_a_few_dozen_tokens_in_bounded_batches():
+    k = Knobs(catch_up_threshold=64, catch_up_done=8, md_busy_requests=3, catch_up_batch=16)
+    calm = decide(state(eager=41, md_load=2), k)  # 40 pending, MD calm: one-shot
+    assert (calm.action, calm.mode) == (Action.FINAL, HandoffMode.ONE_SHOT)
+    busy = decide(state(eager=41, md_load=5), k)  # MD busy: no 40-token extend at once
+    assert (busy.action, busy.mode, busy.tokens) == (Action.BATCH, HandoffMode.CATCH_UP, 16)
+    # a busy relay decode still wins: it is freed at once
+    both = decide(state(eager=41, md_load=5, rld_load=9), k)
+    assert (both.action, both.mode) == (Action.FINAL, HandoffMode.ONE_SHOT)
+    # the final batch carries everything pending, whatever the batch bound
+    end = decide(state(eager=60, handed=52, mode=HandoffMode.CATCH_UP, md_load=5), k)
+    assert (end.action, end.tokens) == (Action.FINAL, 7)

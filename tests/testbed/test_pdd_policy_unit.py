@@ -124,3 +124,39 @@ def test_a_next_turn_waits_for_its_previous_turn_to_settle_on_md():
         assert settle.done() and after.settling == {}
 
     asyncio.run(two_turns())
+
+
+def test_a_transfer_in_flight_pushes_the_next_request_to_relay_decode():
+    """Queue-aware: 100 uncached tokens alone go P->MD, behind 10 MB they are relayed."""
+    p = policy(direct_wan_bound_s=0.1)
+    assert p.choose(body(100), Loads()).pipeline == Pipeline.P_MD
+    p.wan.start(room=1, nbytes=10_000_000)
+    route = p.choose(body(100, start=5000), Loads())
+    assert route.pipeline == Pipeline.P_RLD_MD and route.wan.queued_bytes >= 9_000_000
+    assert "behind" in route.reason and route.predicted_wan_s > 0.8
+
+
+def test_an_overloaded_relay_decode_sends_the_request_where_ttft_is_lower():
+    p = policy(direct_wan_bound_s=0.1, rld_max_requests=2, rld_step_s=0.05)
+    loads = Loads()
+    loads.in_flight["rld"] = 1
+    assert p.choose(body(200), loads).pipeline == Pipeline.P_RLD_MD  # within its bound
+    loads.in_flight["rld"] = 4  # three over: a 150 ms wait against ~131 ms on the WAN
+    route = p.choose(body(200), loads)
+    assert route.pipeline == Pipeline.P_MD and "P->MD is faster" in route.reason
+    route = p.choose(body(2000), loads)  # 1.3 s on the WAN: relaying still wins
+    assert route.pipeline == Pipeline.P_RLD_MD and "still faster" in route.reason
+
+
+def test_threshold_policy_routes_by_uncached_length_alone():
+    from testbed.router.policies import ThresholdPolicy
+
+    config = policy().config.model_copy(
+        update={"policy": "threshold", "pdd": PddConfig(threshold_tokens=300)}
+    )
+    p = ThresholdPolicy(config)
+    p.wan.start(room=1, nbytes=50_000_000)  # a busy line does not change its mind
+    assert p.choose(body(300), Loads()).pipeline == Pipeline.P_MD
+    relayed = p.choose(body(301), Loads())
+    assert relayed.pipeline == Pipeline.P_RLD_MD and relayed.wan.queued_bytes > 0
+    assert p.choose(body(5000, 4), Loads()).pipeline == Pipeline.P_RLD_MD  # no anomaly filter

@@ -1,0 +1,124 @@
+"""Where each request's first-token time went, how well the router predicted the WAN,
+and what its routing cost against an oracle — per system, from the records alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from protocol.metrics import PERCENTILES, TtftPart, percentile
+from protocol.names import Pipeline
+from reports.run_data import RunData
+
+
+def parts(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per finished request: its TTFT and the parts that add up to it (along
+    the first token's path; a request whose logs lack a stamp has the rest in the
+    part that ends at the next stamp it has)."""
+    ok = records[(records["status"] == "ok") & records["first_token"].notna()]
+    if ok.empty or "dispatched" not in ok:
+        return pd.DataFrame()
+    col = lambda name: pd.to_numeric(ok[name], errors="coerce")  # noqa: E731
+    arrival, dispatched, first = col("arrival"), col("dispatched"), col("first_token")
+    prefill, held = col("prefill_first_byte"), col("kv_end")
+    transferred = prefill.notna() & held.notna()
+    out = pd.DataFrame({"pipeline": ok["pipeline"], "ttft_s": first - arrival})
+    out[TtftPart.QUEUE] = dispatched - arrival
+    out[TtftPart.PREFILL] = (prefill - dispatched).where(transferred)
+    out[TtftPart.KV] = (held - prefill).where(transferred)
+    out[TtftPart.FIRST_DECODE] = (first - held).where(transferred)
+    out[TtftPart.SERVER] = (first - dispatched).where(~transferred)
+    return out
+
+
+def breakdown(run: RunData) -> pd.DataFrame:
+    """Per system and percentile (P50/P90/P99 of TTFT): the mean parts of the requests
+    nearest that percentile (those within 2.5 percentile points, at least one)."""
+    rows = []
+    for name, s in run.systems.items():
+        p = parts(s.records)
+        if p.empty:
+            continue
+        rank = p["ttft_s"].rank(pct=True) * 100
+        for q in PERCENTILES:
+            near = p[(rank - q).abs() <= 2.5]
+            if near.empty:
+                near = p.iloc[[int((rank - q).abs().argmin())]]
+            row = {
+                "system": name,
+                "percentile": f"P{q}",
+                "requests": len(near),
+                "ttft_s": near["ttft_s"].mean(),
+            }
+            for part in TtftPart:
+                row[part.value] = near[part.value].mean() if near[part.value].notna().any() else 0.0
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def prediction_error(run: RunData) -> pd.DataFrame:
+    """Per system: the router's predicted WAN time of each request's KV against the
+    transfer's measured first-to-last-byte time (only transfers that moved bytes)."""
+    rows = []
+    for name, s in run.systems.items():
+        r = s.records
+        if "predicted_wan_s" not in r:
+            continue
+        both = r[(r["kv_link"] == "wan") & r["predicted_wan_s"].notna() & (r["kv_transfer_s"] > 0)]
+        if both.empty:
+            continue
+        err = (both["predicted_wan_s"] - both["kv_transfer_s"]).abs() / both["kv_transfer_s"]
+        rows.append(
+            {
+                "system": name,
+                "transfers": len(both),
+                "error_p50": percentile(err, 50),
+                "error_p95": percentile(err, 95),
+                "predicted_mean_s": both["predicted_wan_s"].mean(),
+                "measured_mean_s": both["kv_transfer_s"].mean(),
+                "queued_mb_mean": both.get("wan_queued_bytes", pd.Series(dtype=float)).mean() / 1e6,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def regret(run: RunData) -> pd.DataFrame:
+    """Per relaying system: the TTFT its routing lost against an oracle that knew the
+    measured times. A request sent P->MD could have had relay decode's first token
+    (its own prefill, then the system's median LAN transfer and first relay step); a
+    relayed one could have had main decode's (its own prefill and measured WAN
+    transfer, then the median first step of P->MD requests). Regret = TTFT minus the
+    better of the two, never below zero."""
+    rows = []
+    for name, s in run.systems.items():
+        p = parts(s.records)
+        if p.empty:
+            continue
+        direct, relayed = p[p["pipeline"] == Pipeline.P_MD], p[p["pipeline"] == Pipeline.P_RLD_MD]
+        if direct.empty and relayed.empty:
+            continue
+        ok = s.records[(s.records["status"] == "ok") & s.records["first_token"].notna()]
+        ok = ok.loc[p.index]
+        lan = relayed[TtftPart.KV].median() + relayed[TtftPart.FIRST_DECODE].median()
+        md_step = direct[TtftPart.FIRST_DECODE].median()
+        before = p[TtftPart.QUEUE] + p[TtftPart.PREFILL]
+        wan = pd.to_numeric(ok["wan_end"], errors="coerce") - pd.to_numeric(
+            ok["prefill_first_byte"], errors="coerce"
+        )
+        alternative = pd.Series(np.nan, index=p.index)
+        alternative[direct.index] = before[direct.index] + (lan if pd.notna(lan) else np.nan)
+        alternative[relayed.index] = (
+            before[relayed.index] + wan[relayed.index] + (md_step if pd.notna(md_step) else np.nan)
+        )
+        lost = (p["ttft_s"] - np.fmin(p["ttft_s"], alternative)).dropna()
+        lost = lost[p.loc[lost.index, "pipeline"].isin([Pipeline.P_MD, Pipeline.P_RLD_MD])]
+        rows.append(
+            {
+                "system": name,
+                "requests": len(lost),
+                "regret_mean_s": lost.mean(),
+                "regret_p90_s": percentile(lost, 90),
+                "share_with_regret": float((lost > 0).mean()) if len(lost) else np.nan,
+            }
+        )
+    return pd.DataFrame(rows)

@@ -1,0 +1,93 @@
+"""What the router believes is on the WAN: bytes queued or in flight, and the goodput
+recent transfers achieved — so that a request's KV transfer time is predicted from
+what the line is doing, not from its rate alone.
+
+Lifecycle of one transfer on a :class:`WanLine`::
+
+    predict(bytes) ─▶ start(room, bytes)   the router sends the request (P->MD, P->RLD->MD)
+                        │ counted in the backlog, which drains at the goodput
+                        ▼
+                      settle(room, record)  the receiver's log says it ended: the
+                                            goodput average learns from it, and an
+                                            empty line has no backlog left
+
+The backlog is a fluid queue: it drains at the goodput while the line is busy, so a
+prediction made halfway through a long transfer counts only what is left of it. The
+goodput is a decaying average of what settled transfers achieved under the same
+model (their bytes plus the backlog ahead of them, over their time on the wire less
+the one-way delay), seeded by the configured line rate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from protocol.records import TransferRecord
+
+STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
+
+
+@dataclass(frozen=True)
+class WanPrediction:
+    queued_bytes: int  # already on the line ahead of this transfer
+    own_bytes: int  # this request's uncached KV
+    goodput_bps: float  # bytes per second the line achieves
+    seconds: float  # predicted first-to-last-byte time of this transfer
+
+
+@dataclass
+class _Outstanding:
+    bytes: int
+    queued_ahead: float
+    started: float
+
+
+class WanLine:
+    def __init__(
+        self, rate_bytes_s: float, one_way_s: float = 0.0, weight: float = 0.3, clock=time.time
+    ) -> None:
+        self.goodput = float(rate_bytes_s)  # seeded by the configured rate
+        self.one_way_s = one_way_s
+        self.weight = weight  # of the newest sample in the average
+        self.clock = clock
+        self.outstanding: dict[int, _Outstanding] = {}
+        self._backlog = 0.0
+        self._as_of = clock()
+
+    def backlog(self, now: float | None = None) -> float:
+        """Bytes still ahead on the line (the fluid queue, drained to ``now``)."""
+        now = self.clock() if now is None else now
+        for room in [r for r, o in self.outstanding.items() if now - o.started > STALE_S]:
+            del self.outstanding[room]  # its transfer never ran (the request failed first)
+        if not self.outstanding:
+            return 0.0
+        return max(0.0, self._backlog - self.goodput * max(0.0, now - self._as_of))
+
+    def predict(self, own_bytes: int) -> WanPrediction:
+        queued = self.backlog()
+        seconds = (queued + own_bytes) / self.goodput + self.one_way_s if own_bytes else 0.0
+        return WanPrediction(round(queued), own_bytes, self.goodput, seconds)
+
+    def start(self, room: int, nbytes: int) -> None:
+        now = self.clock()
+        queued = self.backlog(now)
+        self._backlog, self._as_of = queued + nbytes, now
+        self.outstanding[room] = _Outstanding(nbytes, queued, now)
+
+    def settle(self, room: int, record: TransferRecord | None = None) -> None:
+        """The transfer of ``room`` ended (``record``: the receiver's log line, or None
+        when it never ran, e.g. a request that failed before its transfer)."""
+        item = self.outstanding.pop(room, None)
+        if item is None:
+            return
+        now = self.clock()  # no more backlog than the transfers still outstanding
+        left = sum(o.bytes for o in self.outstanding.values())
+        self._backlog, self._as_of = min(self.backlog(now), left), now
+        if record is None or not record.ok or not record.seconds or not record.kv_bytes:
+            return
+        on_wire = record.seconds - self.one_way_s
+        if on_wire <= 0:
+            return
+        sample = (item.queued_ahead + record.wire_bytes) / on_wire
+        self.goodput = (1 - self.weight) * self.goodput + self.weight * sample

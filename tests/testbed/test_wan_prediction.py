@@ -1,0 +1,89 @@
+"""The WAN line the router predicts transfers on (no servers): queued bytes count, the
+backlog drains, and the goodput average follows a changed rate."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.records import TransferRecord
+from testbed.router.wan import WanLine
+
+MB = 1_000_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settled(room: int, nbytes: int, seconds: float, status: str = "success") -> TransferRecord:
+    return TransferRecord(
+        room=room,
+        side="decode",
+        peer="p",
+        start=0.0,
+        first_byte=10.0,
+        end=10.0 + seconds,
+        status=status,
+        kv_bytes=nbytes,
+        wire_bytes=nbytes,
+    )
+
+
+def test_bytes_already_on_the_line_count_in_the_next_prediction():
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.01, clock=clock)
+    alone = line.predict(1 * MB)
+    assert alone.queued_bytes == 0 and alone.seconds == pytest.approx(0.1 + 0.01)
+    line.start(room=1, nbytes=20 * MB)  # a large transfer goes first
+    behind = line.predict(1 * MB)
+    assert behind.queued_bytes == 20 * MB
+    assert behind.seconds == pytest.approx(2.1 + 0.01)
+    clock.now += 1.0  # half of it has drained since
+    assert line.predict(1 * MB).queued_bytes == pytest.approx(10 * MB, rel=1e-6)
+    clock.now += 5.0  # drained entirely, even before its log line arrives
+    assert line.predict(1 * MB).queued_bytes == 0
+
+
+def test_a_settled_transfer_leaves_the_backlog():
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, clock=clock)
+    line.start(1, 5 * MB)
+    line.start(2, 5 * MB)
+    line.settle(1, settled(1, 5 * MB, 0.5))
+    assert line.predict(0).queued_bytes <= 5 * MB  # no more than what is outstanding
+    line.settle(2, settled(2, 5 * MB, 1.0))
+    assert line.predict(MB).queued_bytes == 0 and not line.outstanding
+
+
+def test_goodput_average_follows_a_slower_line_and_ignores_failures():
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.0, weight=0.5, clock=clock)
+    for room in range(1, 8):  # the line really carries 2 MB/s
+        line.start(room, 2 * MB)
+        line.settle(room, settled(room, 2 * MB, 1.0))
+    assert line.goodput == pytest.approx(2 * MB, rel=0.05)
+    line.start(99, 2 * MB)
+    line.settle(99, settled(99, 2 * MB, 100.0, status="failed"))  # a cut WAN: no sample
+    assert line.goodput == pytest.approx(2 * MB, rel=0.05)
+    assert line.predict(2 * MB).seconds == pytest.approx(1.0, rel=0.05)
+
+
+def test_a_queued_transfers_sample_counts_the_bytes_ahead_of_it():
+    clock = Clock()
+    line = WanLine(rate_bytes_s=4 * MB, clock=clock, weight=1.0)
+    line.start(1, 4 * MB)
+    line.start(2, 4 * MB)  # 4 MB ahead of it: 8 MB in 2 s is the line's 4 MB/s
+    line.settle(2, settled(2, 4 * MB, 2.0))
+    assert line.goodput == pytest.approx(4 * MB)
+
+
+def test_a_transfer_no_log_ever_settles_is_dropped_after_a_while():
+    clock = Clock()
+    line = WanLine(rate_bytes_s=1.0, clock=clock)  # drains nothing to speak of
+    line.start(1, 10 * MB)
+    clock.now += 10_000
+    assert line.predict(0).queued_bytes == 0 and not line.outstanding
