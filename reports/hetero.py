@@ -36,6 +36,39 @@ def pacing(run: RunData) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+MAX_MISS_SHARE = 0.05  # more late passes of any kind: the system is not faithful
+
+
+def faithful(run: RunData) -> dict[str, bool]:
+    """Per paced system: whether at most 5% of every server's passes of every kind ran
+    late (the CPU kept the chips' pace); a system that did not is not compared."""
+    table = pacing(run)
+    if table.empty:
+        return {}
+    worst = table.groupby("system")["miss share"].max()
+    return {name: bool(share <= MAX_MISS_SHARE) for name, share in worst.items()}
+
+
+def cpu_shares(run: RunData) -> pd.DataFrame:
+    """Per system, each process's share of a CPU over its life, by host and kind."""
+    rows = [
+        {
+            "system": name,
+            "host": r["host"],
+            "process": r["process"],
+            "cpus": ",".join(map(str, r["cpus"])),
+            "share": r["share"],
+        }
+        for name, s in run.systems.items()
+        for r in s.cpu
+    ]
+    if not rows:
+        return pd.DataFrame()
+    frame = pd.DataFrame(rows)
+    keys = ["system", "host", "process", "cpus"]
+    return frame.groupby(keys, as_index=False)["share"].sum().sort_values(["system", "cpus"])
+
+
 def plan(run: RunData) -> pd.DataFrame:
     """The planner's table the bench wrote for this run's scenario (target time)."""
     frame = pd.DataFrame(_rows(run, "plan.json"))

@@ -12,6 +12,7 @@ from markupsafe import Markup
 from reports import hetero, plots, ttft
 from reports.run_data import RunData, load_run
 from reports.tables import all_tables, sweep_table
+from reports.targets import targets
 
 TEMPLATES = Path(__file__).parent / "templates"
 EMPTY = {
@@ -46,6 +47,7 @@ def build(run: RunData) -> str:
     html_tables["ttft_parts"] = _html(parts, "ttft_parts")
     html_tables["prediction_error"] = _html(ttft.prediction_error(run), "prediction_error")
     html_tables["regret"] = _html(ttft.regret(run), "regret")
+    html_tables["targets"] = _html(targets(run), "targets")
     figures = {
         "ttft_cdf": plots.ttft_cdf(run),
         "latency": plots.latency_boxes(run),
@@ -55,6 +57,8 @@ def build(run: RunData) -> str:
         "ttft_parts": plots.ttft_parts(parts),
     }
     html_tables["pacing"] = _html(hetero.pacing(run), "pacing")
+    html_tables["cpu_share"] = _html(hetero.cpu_shares(run), "cpu_share")
+    faithful = hetero.faithful(run)
     html_tables["plan"] = _html(hetero.plan(run), "plan")
     if run.emulation:
         figures["bathtub"] = plots.bathtub(hetero.bathtub(run))
@@ -74,6 +78,7 @@ def build(run: RunData) -> str:
         site_accelerators=run.scenario["cost"]["site_accelerators"],
         emulation=run.emulation,
         target=run.target_scenario,
+        unfaithful=[name for name, ok in faithful.items() if not ok],
     )
 
 

@@ -30,6 +30,7 @@ class SystemRun:
     transfers: pd.DataFrame = field(default_factory=pd.DataFrame)
     cost: dict = field(default_factory=dict)
     pacing: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cpu: list[dict] = field(default_factory=list)  # cpu.json: CPU share per process
 
 
 @dataclass
@@ -80,6 +81,7 @@ def load_run(run_dir: Path) -> RunData:
             transfers=pd.DataFrame(transfers),
             cost=json.loads((d / "cost.json").read_text()) if (d / "cost.json").exists() else {},
             pacing=pd.DataFrame(pacing),
+            cpu=json.loads((d / "cpu.json").read_text()) if (d / "cpu.json").exists() else [],
         )
     return RunData(
         run_dir,

@@ -31,6 +31,7 @@ import httpx
 
 from protocol.env import Env
 from protocol.names import Role
+from testbed import cpu_share
 from testbed.dilation import for_testbed, pacing_env, record
 from testbed.model import describe as describe_model
 from testbed.router.config import RouterConfig, ServerEntry
@@ -101,12 +102,23 @@ class Deployment:
         return self
 
     def down(self) -> None:
+        self._write_cpu_shares()
         if self.router is not None:
             self.router.stop()
         with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
             list(pool.map(lambda s: s.server.stop(), self.servers))
         self.net.down()
         self._unpin_testbed()
+
+    def _write_cpu_shares(self) -> None:
+        """cpu.json: each process's CPU seconds and share, the testbed's own beside the
+        servers' (best effort: a deployment that never came up has none)."""
+        try:
+            rows = cpu_share.processes(self.net)
+        except Exception:  # accounting must never stop a teardown
+            return
+        if rows:
+            (self.run_dir / "cpu.json").write_text(json.dumps(rows, indent=2))
 
     # -- CPU pinning (servers.cpus) -------------------------------------------------------
     def _pin_testbed(self) -> None:

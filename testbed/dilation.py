@@ -36,6 +36,15 @@ class EmulationSpec(BaseModel):
     dilation: float = Field(
         10.0, ge=1, description="Time dilation k: the testbed runs k times slower."
     )
+    calibrate: bool = Field(
+        False,
+        description="Before the run, measure the CPU's passes under a slice of the load and "
+        "choose the dilation every server's passes fit (testbed.bench.calibrate).",
+    )
+    calibration_requests: int = Field(12, ge=1, description="Requests in the calibration run.")
+    calibration_margin: float = Field(
+        1.2, ge=1, allow_inf_nan=False, description="Chosen k = needed k x this margin."
+    )
     applied: bool = Field(
         False,
         description="Set by the bench in a run's stored scenario: its times are already "
@@ -81,8 +90,11 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     pdd["settle_timeout_s"] *= k
     pdd["rld_step_s"] *= k
     data["servers"]["kv_idle_timeout_s"] *= k
-    generator = data["workload"]["generator"]
-    generator["time_scale"] = generator.get("time_scale", 1.0) * k
+    if scenario.workload.trace is not None:  # a trace file's arrivals and pauses
+        data["workload"]["time_scale"] *= k
+    else:
+        generator = data["workload"]["generator"]
+        generator["time_scale"] = generator.get("time_scale", 1.0) * k
     return type(scenario).model_validate(data)
 
 

@@ -107,13 +107,47 @@ class WorkloadSpec(BaseModel):
     max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
     speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")
     vocab_size: int = Field(4096, gt=11, description="Synthesized token ids stay below this.")
+    # A trace file's scaling (workloads.scaling; the generator has its own):
+    length_scale: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="Trace file: scale prompt lengths (blocks)."
+    )
+    output_scale: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Trace file: scale outputs (default: length)."
+    )
+    time_scale: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="Trace file: scale arrivals and think times."
+    )
+    max_context_tokens: int | None = Field(
+        None, ge=1, description="Trace file: cap prompts (after scaling) at this many tokens."
+    )
+
+    @property
+    def scaling(self):
+        from workloads.scaling import Scaling
+
+        return Scaling(
+            self.length_scale, self.output_scale, self.time_scale, self.max_context_tokens
+        )
 
     def materialize(self, run_dir: Path) -> Path:
-        """The trace file to replay: the given one, or a generated one in ``run_dir``."""
+        """The trace file to replay: the given one (scaled into ``run_dir`` when the
+        scenario scales it), or a generated one in ``run_dir``."""
         if self.trace is not None:
             if not self.trace.exists():
                 raise ScenarioError(f"workload.trace {self.trace} does not exist")
-            return self.trace
+            if self.scaling.identity:
+                return self.trace
+            from workloads.readers import read_trace
+            from workloads.scaling import scale_trace
+
+            try:
+                scaled = scale_trace(read_trace(self.trace, self.format), self.scaling)
+            except ValueError as exc:
+                raise ScenarioError(f"workload: {exc}") from exc
+            path = Path(run_dir) / "trace.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            scaled.to_jsonl(path)
+            return path
         from workloads.generator import AgenticConfig, generate
 
         try:
@@ -247,6 +281,10 @@ class Scenario(BaseModel):
         if not isinstance(data, dict):
             raise ScenarioError(f"{path}: expected a mapping at the top level")
         data.setdefault("name", path.stem)
+        workload = data.get("workload")
+        if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
+            trace = Path(workload["trace"])  # relative: to the project's root
+            workload["trace"] = str(trace if trace.is_absolute() else SCENARIO_DIR.parent / trace)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:

@@ -25,6 +25,7 @@ from reports.render import write_report, write_sweep_report
 from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
 from testbed import dilation, planning
+from testbed.bench import calibrate
 from testbed.deployment import Deployment
 from testbed.model import describe as describe_model
 from testbed.scenario import Scenario
@@ -169,8 +170,14 @@ def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Co
     """Every system on one scenario (one sweep point) and the same trace."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tiny_kv = describe_model(scenario.model.resolve())["kv_bytes_per_token"]
+    calibration = None
+    if scenario.emulation is not None and scenario.emulation.calibrate:
+        calibration = calibrate.calibrate(scenario, tiny_kv, run_dir, console, run_system)
+        scenario = calibrate.with_dilation(scenario, calibration["dilation"])
     target = scenario
     emulated = dilation.record(scenario, tiny_kv)
+    if calibration is not None:
+        emulated["calibration"] = calibration
     if emulated:
         (run_dir / "emulation.json").write_text(json.dumps(emulated, indent=2))
         (run_dir / "scenario-target.json").write_text(scenario.model_dump_json(indent=2))
@@ -189,6 +196,7 @@ def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Co
         run_system(scenario, system, trace, run_dir, console)
     report = write_report(run_dir)
     console.print(summary(run_dir))
+    console.print(targets_table(run_dir))
     console.print(f"report: {report}")
 
 
@@ -211,4 +219,17 @@ def summary(run_dir: Path) -> Table:
             f"{b['cost_per_hour']:.2f}",
             f"{b['bcr']:.3f}",
         )
+    return table
+
+
+def targets_table(run_dir: Path) -> Table:
+    from reports.run_data import load_run
+    from reports.targets import targets
+
+    table = Table(title="PDD under load: targets as ratios in this run")
+    for col in ("target", "holds", "measured"):
+        table.add_column(col)
+    for _, r in targets(load_run(run_dir)).iterrows():
+        holds = {True: "[green]yes[/green]", False: "[red]no[/red]"}.get(r["holds"], "–")
+        table.add_row(r["target"], holds, r["measured"])
     return table

@@ -1,0 +1,95 @@
+"""The PDD-under-load targets, as ratios measured in one run (never asserted here):
+each row says what is expected, what was measured, and whether it holds. A system
+whose paced passes ran late (not faithful) is not compared."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from protocol.metrics import percentile
+from reports import hetero, ttft
+from reports.run_data import RunData
+from reports.tables import goodput_bcr, latency
+
+
+def targets(run: RunData) -> pd.DataFrame:
+    lat = latency(run).set_index("system")
+    good = goodput_bcr(run).set_index("system")
+    faithful = hetero.faithful(run)
+    rows: list[dict] = []
+
+    def row(target: str, holds: bool | None, measured: str, *systems: str) -> None:
+        unfit = [s for s in systems if faithful.get(s) is False]
+        if unfit:
+            holds, measured = None, f"{measured} (not faithful: {', '.join(unfit)})"
+        rows.append({"target": target, "holds": holds, "measured": measured})
+
+    base = lat.loc["same_site_pd"] if "same_site_pd" in lat.index else None
+    for name in ("pdd", "cross_site_pd"):
+        if base is None or name not in lat.index:
+            continue
+        s = lat.loc[name]
+        r90, r99 = s.ttft_p90_s / base.ttft_p90_s, s.ttft_p99_s / base.ttft_p99_s
+        said = f"P90 x{r90:.2f}, P99 x{r99:.2f} of same_site_pd"
+        if name == "pdd":
+            row(
+                "pdd TTFT P90 <= 1.5x and P99 <= 2x same_site_pd",
+                r90 <= 1.5 and r99 <= 2,
+                said,
+                "pdd",
+                "same_site_pd",
+            )
+        else:
+            row(
+                "cross_site_pd TTFT P99 >= 3x same_site_pd",
+                r99 >= 3,
+                said,
+                "cross_site_pd",
+                "same_site_pd",
+            )
+    errors = int(lat["errors"].sum()) if len(lat) else 0
+    row("no failed requests", errors == 0, f"{errors} failed")
+    if {"pdd", "cross_site_pd"} <= set(good.index):
+        p, c = good.loc["pdd", "sla_goodput_rps"], good.loc["cross_site_pd", "sla_goodput_rps"]
+        ratio = p / c if c else float("inf")
+        row(
+            "SLA goodput pdd >= 1.25x cross_site_pd",
+            ratio >= 1.25,
+            f"{p:.2f} vs {c:.2f} req/s (x{ratio:.2f})",
+            "pdd",
+            "cross_site_pd",
+        )
+    err = ttft.prediction_error(run)
+    for _, e in err[err["system"] == "pdd"].iterrows() if not err.empty else []:
+        row(
+            "WAN-time prediction error P50 <= 10%, P95 <= 25%",
+            e.error_p50 <= 0.10 and e.error_p95 <= 0.25,
+            f"P50 {e.error_p50:.0%}, P95 {e.error_p95:.0%} over {e.transfers}",
+        )
+    for name, s in run.systems.items():
+        gaps = s.records["handoff_s"].dropna() if "handoff_s" in s.records else []
+        if len(gaps) and name in lat.index:
+            g90, itl = percentile(gaps, 90), lat.loc[name, "itl_p50_s"]
+            row(
+                f"{name}: handoff stream gap P90 <= 2x its inter-token P50",
+                g90 <= 2 * itl,
+                f"{g90 * 1e3:.0f} ms vs ITL P50 {itl * 1e3:.0f} ms (x{g90 / itl:.1f})",
+                name,
+            )
+    if base is not None and "pdd" in lat.index:
+        p = lat.loc["pdd"]
+        r50, r99 = p.itl_p50_s / base.itl_p50_s, p.itl_p99_s / base.itl_p99_s
+        row(
+            "pdd ITL P50 <= 1.2x and P99 <= 2x same_site_pd",
+            r50 <= 1.2 and r99 <= 2,
+            f"P50 x{r50:.2f}, P99 x{r99:.2f}",
+            "pdd",
+            "same_site_pd",
+        )
+    for name, ok in faithful.items():
+        row(
+            f"{name}: paced passes on time (misses <= 5% of every kind)",
+            ok,
+            "faithful" if ok else "more than 5% late",
+        )
+    return pd.DataFrame(rows)

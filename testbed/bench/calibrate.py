@@ -1,0 +1,74 @@
+"""Choose the time dilation k at which every paced pass fits, before a paced run.
+
+A paced pass is faithful only if the CPU computes it within k x its modelled time on
+the chips it stands for; otherwise it runs late (a *miss*) and the system decodes or
+prefills slower than the chips. Calibration runs a short slice of the scenario's own
+load on one system (pdd where the scenario has it: all three roles, contending for
+their cores as in the run) at the configured k, reads every server's pacing log, and
+takes, per server and kind of pass, the 99th percentile of real / modelled time: the
+k that pass kind needs. The run then uses the largest of these times a margin,
+rounded up. Recorded in ``emulation.json`` (``calibration``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from protocol.records import read_jsonl
+from testbed import dilation
+
+QUANTILE = 0.99
+
+
+def needed(pacing: pd.DataFrame) -> pd.DataFrame:
+    """Per server and kind of pass: passes, and the k that 99% of them need."""
+    frame = pacing[pacing["modelled_s"] > 0]
+    ratio = frame["real_s"] / frame["modelled_s"]
+    grouped = ratio.groupby([frame["server"], frame["mode"]])
+    return pd.DataFrame({"passes": grouped.size(), "needed_k": grouped.quantile(QUANTILE)})
+
+
+def calibrate(target, tiny_kv: int, run_dir: Path, console, run_system) -> dict:
+    """Run the calibration slice; returns what it found and the dilation to use."""
+    spec = target.emulation
+    system = "pdd" if "pdd" in target.systems else target.systems[0]
+    out = Path(run_dir) / "calibration"
+    scenario = dilation.for_testbed(target, tiny_kv)
+    workload = scenario.workload.model_copy(update={"max_requests": spec.calibration_requests})
+    scenario = scenario.model_copy(update={"workload": workload})
+    trace = scenario.workload.materialize(out)
+    console.print(
+        f"calibration: {spec.calibration_requests} requests on {system} at k = {spec.dilation:g}"
+    )
+    run_system(scenario, system, trace, out, console)
+    rows = [
+        {**data, "server": p.stem.removeprefix("pacing-")}
+        for p in sorted((out / system).glob("pacing-*.jsonl"))
+        for data in read_jsonl(p)
+    ]
+    if not rows:
+        raise RuntimeError(f"calibration: no paced passes logged in {out / system}")
+    table = needed(pd.DataFrame(rows))
+    need = float(table["needed_k"].max())
+    k = max(1, math.ceil(need * spec.calibration_margin))
+    console.print(f"calibration: passes need k = {need:.1f}; the run uses k = {k}")
+    return {
+        "system": system,
+        "tried": spec.dilation,
+        "needed": need,
+        "margin": spec.calibration_margin,
+        "dilation": k,
+        "by_pass": [
+            {"server": server, "pass": mode, **values}
+            for (server, mode), values in table.to_dict("index").items()
+        ],
+    }
+
+
+def with_dilation(target, k: float):
+    """The target scenario with its emulation run at dilation ``k``."""
+    spec = target.emulation.model_copy(update={"dilation": float(k)})
+    return target.model_copy(update={"emulation": spec})

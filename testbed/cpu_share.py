@@ -1,0 +1,57 @@
+"""How much CPU each process of a deployment used: the testbed's own processes (link
+emulators, router, Locust) beside the servers, so a reader can see whether they ate
+into a server's core. Read from /proc (psutil) just before the deployment stops."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from topologies.netns import pids_in
+
+
+def processes(net) -> list[dict]:
+    """Every process in the network's namespaces: host, what it is, its CPUs, its CPU
+    seconds so far and its share of one CPU since it started."""
+    rows, now = [], time.time()
+    for host in net.hosts + _gateways(net):
+        for pid in pids_in(net.ns(host)):
+            try:
+                p = psutil.Process(pid)
+                with p.oneshot():
+                    t = p.cpu_times()
+                    rows.append(
+                        {
+                            "host": host,
+                            "pid": pid,
+                            "process": describe(p.cmdline()),
+                            "cpus": sorted(p.cpu_affinity()),
+                            "cpu_s": t.user + t.system,
+                            "wall_s": now - p.create_time(),
+                        }
+                    )
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+    for r in rows:
+        r["share"] = r["cpu_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0
+    return rows
+
+
+def describe(cmdline: list[str]) -> str:
+    text = " ".join(cmdline)
+    for needle, name in (
+        ("sglang::scheduler", "SGLang scheduler"),
+        ("sglang::detokenizer", "SGLang detokenizer"),
+        ("sglang.launch_server", "SGLang HTTP server"),
+        ("testbed.router", "router"),
+        ("emulation.delayd", "link emulator (delayd)"),
+        ("locust", "Locust"),
+    ):
+        if needle in text:
+            return name
+    return cmdline[0].rsplit("/", 1)[-1] if cmdline else "?"
+
+
+def _gateways(net) -> list[str]:
+    return [n for n in net.topo.nodes() if n not in net.hosts]

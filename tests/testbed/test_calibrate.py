@@ -1,0 +1,26 @@
+"""Calibration's arithmetic (no servers): the k each kind of pass needs is the 99th
+percentile of real / modelled time, and the largest need sets the run's k."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from testbed.bench.calibrate import needed, with_dilation
+from testbed.scenario import Scenario
+
+
+def test_each_pass_kind_needs_the_k_that_99_percent_of_its_passes_fit():
+    rows = [{"server": "md", "mode": "decode", "modelled_s": 0.001, "real_s": 0.040}] * 99
+    rows += [{"server": "md", "mode": "decode", "modelled_s": 0.001, "real_s": 0.500}]  # outlier
+    rows += [{"server": "p", "mode": "prefill", "modelled_s": 0.010, "real_s": 0.200}] * 10
+    table = needed(pd.DataFrame(rows))
+    assert table.loc[("md", "decode"), "passes"] == 100
+    assert table.loc[("md", "decode"), "needed_k"] == pytest.approx(40, rel=0.15)
+    assert table.loc[("p", "prefill"), "needed_k"] == pytest.approx(20)
+
+
+def test_the_chosen_dilation_replaces_the_scenarios():
+    hetero = Scenario.load("hetero")
+    assert hetero.emulation.calibrate
+    assert with_dilation(hetero, 77).emulation.dilation == 77
