@@ -4,7 +4,7 @@ PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
 .PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff \
-        bench-wan-sweep bench-paper bench-hetero bench-bathtub plan clean help
+        bench-wan-sweep bench-paper bench-hetero bench-bathtub bench-mooncake plan clean help
 
 help:            ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed 's/:.*##/\t/'
@@ -51,6 +51,9 @@ bench-hetero:    ## GPU-A/GPU-B chips emulated (paced, time-dilated): BCR, pacin
 
 bench-bathtub:   ## throughput and benefit against the prefix-hit ratio; sweep.html with the bathtub
 	$(BIN)/testbed bench bathtub
+
+bench-mooncake:  ## real low-hit traffic (Mooncake FAST'25, scaled) on every system
+	$(BIN)/testbed bench mooncake_lowhit
 
 plan:            ## size every design for the hetero scenario's trace; print the BCR table
 	$(BIN)/testbed plan hetero
