@@ -11,6 +11,10 @@ from protocol.names import Pipeline
 from reports.run_data import RunData
 
 
+def _num(column: pd.Series) -> pd.Series:
+    return pd.to_numeric(column, errors="coerce")
+
+
 def parts(records: pd.DataFrame) -> pd.DataFrame:
     """One row per finished request: its TTFT and the parts that add up to it (along
     the first token's path; a request whose logs lack a stamp has the rest in the
@@ -18,9 +22,12 @@ def parts(records: pd.DataFrame) -> pd.DataFrame:
     ok = records[(records["status"] == "ok") & records["first_token"].notna()]
     if ok.empty or "dispatched" not in ok:
         return pd.DataFrame()
-    col = lambda name: pd.to_numeric(ok[name], errors="coerce")  # noqa: E731
-    arrival, dispatched, first = col("arrival"), col("dispatched"), col("first_token")
-    prefill, held = col("prefill_first_byte"), col("kv_end")
+    arrival, dispatched, first = (
+        _num(ok["arrival"]),
+        _num(ok["dispatched"]),
+        _num(ok["first_token"]),
+    )
+    prefill, held = _num(ok["prefill_first_byte"]), _num(ok["kv_end"])
     transferred = prefill.notna() & held.notna()
     out = pd.DataFrame({"pipeline": ok["pipeline"], "ttft_s": first - arrival})
     out[TtftPart.QUEUE] = dispatched - arrival
@@ -97,21 +104,18 @@ def regret(run: RunData) -> pd.DataFrame:
         direct, relayed = p[p["pipeline"] == Pipeline.P_MD], p[p["pipeline"] == Pipeline.P_RLD_MD]
         if direct.empty and relayed.empty:
             continue
-        ok = s.records[(s.records["status"] == "ok") & s.records["first_token"].notna()]
-        ok = ok.loc[p.index]
-        lan = relayed[TtftPart.KV].median() + relayed[TtftPart.FIRST_DECODE].median()
-        md_step = direct[TtftPart.FIRST_DECODE].median()
+        stamps = s.records.loc[p.index]
+        wan = _num(stamps["wan_end"]) - _num(stamps["prefill_first_byte"])  # P -> MD, measured
         before = p[TtftPart.QUEUE] + p[TtftPart.PREFILL]
-        wan = pd.to_numeric(ok["wan_end"], errors="coerce") - pd.to_numeric(
-            ok["prefill_first_byte"], errors="coerce"
-        )
-        alternative = pd.Series(np.nan, index=p.index)
-        alternative[direct.index] = before[direct.index] + (lan if pd.notna(lan) else np.nan)
-        alternative[relayed.index] = (
-            before[relayed.index] + wan[relayed.index] + (md_step if pd.notna(md_step) else np.nan)
+        relay_step = relayed[TtftPart.KV].median() + relayed[TtftPart.FIRST_DECODE].median()
+        md_step = direct[TtftPart.FIRST_DECODE].median()
+        alternative = pd.concat(
+            [
+                before[direct.index] + relay_step,  # NaN where no request was relayed
+                before[relayed.index] + wan[relayed.index] + md_step,
+            ]
         )
         lost = (p["ttft_s"] - np.fmin(p["ttft_s"], alternative)).dropna()
-        lost = lost[p.loc[lost.index, "pipeline"].isin([Pipeline.P_MD, Pipeline.P_RLD_MD])]
         rows.append(
             {
                 "system": name,

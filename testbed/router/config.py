@@ -60,6 +60,13 @@ class PddConfig(BaseModel):
     catch_up_batch: int = Field(
         64, ge=1, description="Most tokens in one catch-up batch (one extend forward on MD)."
     )
+    switch_pace: float = Field(
+        1.5,
+        ge=1,
+        allow_inf_nan=False,
+        description="While main decode takes over, the client's tokens are spaced at most "
+        "this many of the request's inter-token intervals (the stream slows, never stops).",
+    )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."
     )

@@ -7,8 +7,10 @@ One request's walk (:meth:`RelayedRequest.run`)::
     POST RLD (stream) ─ eager tokens t1.. go to the client at once  │
     POST MD  (rid pdd-md-room) ─ parked on MD once its KV is held ─ READY
     after each eager token: handoff_decision.decide → wait | catch-up batch | final
-    final HANDOFF(t2..tk) → RLD's stream is closed (SGLang aborts it) → MD's stream,
-    whose first k tokens echo t1..tk (checked, not re-sent), continues from t(k+1)
+    final HANDOFF(t2..tk) → MD extends t1..tk and predicts t(k+1) in one forward; RLD
+    streams on (greedy) at a slightly slower pace until MD's stream, whose tokens echo
+    what the client has (checked, not re-sent), has caught up → RLD's request aborted
+    → MD's stream continues (sampled requests: RLD closed at the final handoff)
 
 If RLD finishes before MD holds the KV, the client is done; :meth:`settle` then lets
 P's transfer finish and hands MD all tokens anyway, so MD caches the exchange for the
@@ -25,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from aiohttp import web
@@ -91,6 +94,7 @@ class RelayedRequest:
         }
         md_host, port = route.main_decode.host, pipeline.pdd.handoff_port
         self.channel = HandoffChannel(md_host, port, record.room)
+        self._drained: asyncio.Task | None = None  # main decode finishing apart
         self.ready: asyncio.Task | None = None
         self.prefill: asyncio.Task | None = None
         self.md: asyncio.Task | None = None
@@ -127,9 +131,9 @@ class RelayedRequest:
                 raise UpstreamError(f"main decode answered {md.status}: {text}")
             md_stream = chunks(md)
             # Greedy: both streams are the same tokens, so relay decode streams on until
-            # main decode has one the client lacks.
+            # main decode has caught up with the client.
             if greedy(self.body) and await self._switch_streams(rld, md_stream):
-                owns_md_side = False  # relay decode ended the stream; MD finishes apart
+                owns_md_side = self._drained is None  # else the drain releases MD's side
                 return self.out.response
             rld.close()  # SGLang aborts relay decode's request
             rld = None
@@ -233,41 +237,90 @@ class RelayedRequest:
         return True
 
     async def _switch_streams(self, rld, md_stream) -> bool:
-        """After the final handoff, relay decode keeps streaming while main decode
-        takes over; the client gets each token from whichever stream has it first, and
-        the router switches to main decode at the first token main decode has that the
-        client has not (relay decode's request is then aborted). Greedy decoding only:
-        both streams are the same tokens. Returns True if relay decode ended the stream
-        first (main decode then finishes the request off the client's path)."""
+        """After the final handoff, without a gap: relay decode keeps streaming while
+        main decode takes over, and both streams (the same tokens: greedy decoding
+        only) feed one queue the client is served from. Until main decode has caught up
+        with the client, tokens leave the queue at most one per ``switch_pace`` x the
+        request's inter-token interval, so the client's stream slows a little instead of
+        stopping for the takeover; once main decode has every token the client has,
+        relay decode's request is aborted and main decode's stream follows. If main
+        decode fails meanwhile, relay decode finishes the request (``fallback``).
+        Returns True if the client's stream ended here without main decode; main
+        decode's side is then released here or, while it still decodes the request
+        (its cache should hold the exchange), by a drain in the background."""
         rld_stream = chunks(rld, self.prefill)
+        queue: deque = deque()  # chunks not yet sent, in token order
+        have = len(self.tokens)  # tokens the router holds (sent or queued)
+        pace = self.p.pdd.switch_pace * _itl(self.record.token_times)
         from_rld = asyncio.ensure_future(anext(rld_stream, None))
         from_md = asyncio.ensure_future(anext(md_stream, None))
+        last_sent, md_count = self.record.token_times[-1], 0
+        rld_open, md_open, md_failed, finished = True, True, False, False
         try:
-            while True:
-                await asyncio.wait({from_rld, from_md}, return_when=asyncio.FIRST_COMPLETED)
-                if from_md.done():
-                    chunk = from_md.result()
-                    if await self._from_main_decode(chunk):
-                        return False  # switched: main decode's stream from here on
-                    from_md = asyncio.ensure_future(anext(md_stream, None))
+            while not finished:
+                caught_up = not md_failed and md_count >= len(self.tokens)
+                if caught_up and rld_open:  # main decode has it all: relay decode stops
+                    from_rld.cancel()
+                    rld.close()
+                    rld_open = False
+                    self.record.decode_server = self.route.main_decode.name
+                slow = rld_open and not md_failed
+                if queue and (not slow or time.time() - last_sent >= pace):
+                    chunk = queue.popleft()
+                    new = chunk.new_ids(len(self.tokens))
+                    self.tokens += new
+                    self.record.handoff_s = max(
+                        self.record.handoff_s or 0.0, time.time() - last_sent
+                    )
+                    await self.out.emit(chunk, len(new))
+                    last_sent, finished = time.time(), chunk.finished or chunk.done
                     continue
-                chunk = from_rld.result()
-                if chunk is None or chunk.error:  # relay decode is gone: main decode alone
-                    return False
-                new = chunk.new_ids(len(self.tokens))
-                self.tokens += new
-                self.record.eager_tokens = len(self.tokens)
-                await self.out.emit(chunk, len(new))
-                if chunk.finished or chunk.done:  # relay decode reached the end first
-                    await self.out.finish()
-                    self.p.background(self._drain_main_decode(from_md, md_stream))
-                    from_md = None
-                    return True
-                from_rld = asyncio.ensure_future(anext(rld_stream, None))
+                waits = {t for t, open_ in ((from_rld, rld_open), (from_md, md_open)) if open_}
+                if not waits:
+                    break
+                timeout = max(0.0, last_sent + pace - time.time()) if queue else None
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if rld_open and from_rld.done():
+                    chunk = from_rld.result()
+                    if chunk is None or chunk.error:
+                        rld_open = False  # relay decode is gone: main decode alone
+                    else:
+                        have = _queue(queue, chunk, have)
+                        self.record.eager_tokens = have
+                        rld_open = not (chunk.finished or chunk.done)
+                        from_rld = asyncio.ensure_future(anext(rld_stream, None))
+                if md_open and from_md.done():
+                    chunk = from_md.result()
+                    if chunk is None or chunk.error:
+                        what = chunk.error if chunk is not None else "stream ended"
+                        self.record.fallback = f"main decode after the handoff: {what}"[:300]
+                        md_open, md_failed = False, True
+                        continue
+                    self._check_echo(chunk)
+                    md_count = max(md_count, int(chunk.meta.get("completion_tokens", 0)))
+                    have = _queue(queue, chunk, have)
+                    md_open = not (chunk.finished or chunk.done)
+                    if md_open:
+                        from_md = asyncio.ensure_future(anext(md_stream, None))
+            if not finished:
+                raise UpstreamError("relay and main decode both ended before the request did")
+            if self.record.decode_server == self.route.main_decode.name:
+                return False  # switched: main decode finished the client's stream
+            await self.out.finish()
+            if md_open:  # main decode still decodes the request: let it finish, then release
+                self._drained = self.p.background(self._drain_main_decode(from_md, md_stream))
+                from_md = None
+            return True
         finally:
             for task in (from_rld, from_md):
                 if task is not None and not task.done():
                     task.cancel()
+
+    def _check_echo(self, chunk) -> None:
+        echoed, tokens = chunk.echoed(), self.tokens
+        if echoed is not None:
+            n = min(len(echoed), len(tokens))
+            self.record.handoff_mismatch |= echoed[:n] != tokens[:n]
 
     async def _from_main_decode(self, chunk) -> bool:
         """One chunk of main decode's stream after the handoff: its echo of what the
@@ -378,3 +431,17 @@ def greedy(body: dict) -> bool:
     params = body.get("sampling_params") or {}
     temperature = params.get("temperature", body.get("temperature", 1.0))
     return temperature == 0 or params.get("top_k") == 1
+
+
+def _itl(token_times: list[float]) -> float:
+    """The request's recent inter-token interval (median of its last gaps; 0 if none)."""
+    gaps = sorted(b - a for a, b in zip(token_times[-9:], token_times[-8:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def _queue(queue: deque, chunk, have: int) -> int:
+    """Queue a chunk if it carries tokens the router does not hold yet (or the end)."""
+    count = int(chunk.meta.get("completion_tokens", 0))
+    if count > have or chunk.finished or chunk.done:
+        queue.append(chunk)
+    return max(have, count)

@@ -69,7 +69,8 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     pdd = run.systems["pdd"].records
     assert set(pdd["pipeline"]) <= {"P->MD", "P->RLD->MD", "RLD-only"}
     assert (pdd["eager_tokens"] > 0).any()  # relay decode streamed under load
-    assert pdd["predicted_wan_s"].notna().all()  # every pdd record carries its prediction
+    to_md = pdd[pdd["pipeline"].isin(["P->MD", "P->RLD->MD"])]
+    assert to_md["predicted_wan_s"].notna().all()  # each KV to MD carries its prediction
     for name, s in run.systems.items():  # where each first token's time went
         parts = ttft.parts(s.records)
         assert len(parts) == 4, name
