@@ -67,6 +67,12 @@ class PddConfig(BaseModel):
         description="While main decode takes over, the client's tokens are spaced at most "
         "this many of the request's inter-token intervals (the stream slows, never stops).",
     )
+    switch_tokens: int = Field(
+        16,
+        ge=1,
+        description="Relay decode stops at the latest once main decode has decoded this many "
+        "tokens after the handoff, caught up with the client or not.",
+    )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."
     )

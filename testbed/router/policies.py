@@ -116,11 +116,11 @@ class PddPolicy(Policy):
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
         n_out = max_new_tokens(body)
+        uncached = n_in - (self.mirror.predicted_hit(prompt, session) if prompt is not None else 0)
+        wan = self.wan.predict(uncached * pdd.kv_bytes_per_token)  # also for a pinned route
         if n_in >= pdd.anomalous_min_input and n_out <= pdd.anomalous_max_output:
             reason = f"anomalous: {n_in} input tokens, {n_out} output"
-            return Route(Pipeline.RLD_ONLY, reason, relay, prefill)
-        uncached = n_in - (self.mirror.predicted_hit(prompt, session) if prompt is not None else 0)
-        wan = self.wan.predict(uncached * pdd.kv_bytes_per_token)
+            return Route(Pipeline.RLD_ONLY, reason, relay, prefill, wan=wan)
         direct = Route(Pipeline.P_MD, "", main, prefill, wan=wan)
         relayed = Route(Pipeline.P_RLD_MD, "", relay, prefill, main, wan=wan)
         said = (

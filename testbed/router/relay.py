@@ -242,8 +242,10 @@ class RelayedRequest:
         only) feed one queue the client is served from. Until main decode has caught up
         with the client, tokens leave the queue at most one per ``switch_pace`` x the
         request's inter-token interval, so the client's stream slows a little instead of
-        stopping for the takeover; once main decode has every token the client has,
-        relay decode's request is aborted and main decode's stream follows. If main
+        stopping for the takeover; once main decode has every token the client has
+        (or has decoded ``switch_tokens`` without catching up: on shared cores it may
+        not be faster), relay decode's request is aborted, and the tokens still queued
+        go at that pace until main decode has them too. If main
         decode fails meanwhile, relay decode finishes the request (``fallback``).
         Returns True if the client's stream ended here without main decode; main
         decode's side is then released here or, while it still decodes the request
@@ -252,26 +254,31 @@ class RelayedRequest:
         queue: deque = deque()  # chunks not yet sent, in token order
         have = len(self.tokens)  # tokens the router holds (sent or queued)
         pace = self.p.pdd.switch_pace * _itl(self.record.token_times)
+        md_first: int | None = None  # main decode's count in its first chunk
         from_rld = asyncio.ensure_future(anext(rld_stream, None))
         from_md = asyncio.ensure_future(anext(md_stream, None))
         last_sent, md_count = self.record.token_times[-1], 0
         rld_open, md_open, md_failed, finished = True, True, False, False
+        rld_finished = False
         try:
             while not finished:
                 caught_up = not md_failed and md_count >= len(self.tokens)
-                if caught_up and rld_open:  # main decode has it all: relay decode stops
+                overdue = md_first is not None and md_count - md_first >= self.p.pdd.switch_tokens
+                if (caught_up or overdue) and rld_open:  # relay decode stops
                     from_rld.cancel()
                     rld.close()
                     rld_open = False
                     self.record.decode_server = self.route.main_decode.name
-                slow = rld_open and not md_failed
+                # main decode still behind what the client will get (unless relay decode
+                # already has the whole request)
+                slow = not md_failed and not rld_finished and md_count < have
                 if queue and (not slow or time.time() - last_sent >= pace):
                     chunk = queue.popleft()
                     new = chunk.new_ids(len(self.tokens))
                     self.tokens += new
-                    self.record.handoff_s = max(
-                        self.record.handoff_s or 0.0, time.time() - last_sent
-                    )
+                    if rld_open or slow:  # the client-visible gap while switching
+                        gap = time.time() - last_sent
+                        self.record.handoff_s = max(self.record.handoff_s or 0.0, gap)
                     await self.out.emit(chunk, len(new))
                     last_sent, finished = time.time(), chunk.finished or chunk.done
                     continue
@@ -287,7 +294,8 @@ class RelayedRequest:
                     else:
                         have = _queue(queue, chunk, have)
                         self.record.eager_tokens = have
-                        rld_open = not (chunk.finished or chunk.done)
+                        rld_finished = chunk.finished or chunk.done
+                        rld_open = not rld_finished
                         from_rld = asyncio.ensure_future(anext(rld_stream, None))
                 if md_open and from_md.done():
                     chunk = from_md.result()
@@ -297,7 +305,9 @@ class RelayedRequest:
                         md_open, md_failed = False, True
                         continue
                     self._check_echo(chunk)
-                    md_count = max(md_count, int(chunk.meta.get("completion_tokens", 0)))
+                    count = int(chunk.meta.get("completion_tokens", 0))
+                    md_first = count if md_first is None else md_first
+                    md_count = max(md_count, count)
                     have = _queue(queue, chunk, have)
                     md_open = not (chunk.finished or chunk.done)
                     if md_open:
@@ -305,7 +315,7 @@ class RelayedRequest:
             if not finished:
                 raise UpstreamError("relay and main decode both ended before the request did")
             if self.record.decode_server == self.route.main_decode.name:
-                return False  # switched: main decode finished the client's stream
+                return False  # switched; main decode's stream is consumed here to its end
             await self.out.finish()
             if md_open:  # main decode still decodes the request: let it finish, then release
                 self._drained = self.p.background(self._drain_main_decode(from_md, md_stream))

@@ -93,7 +93,7 @@ def md_transfers(pdd: Deployment, room: int) -> list[TransferRecord]:
 def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     rng = random.Random(f"{mode}-{size}")  # a fresh prompt: nothing cached anywhere
     prompt = [rng.randrange(10, 4000) for _ in range(400)]
-    new_tokens = size + 24
+    new_tokens = size + 80  # time for main decode to catch up with relay decode
     session = f"exact-{mode}-{size}"
     before = len(handoff_log(pdd))
     pin = {headers.HANDOFF_AT: str(size + 1), headers.HANDOFF_MODE: mode}
@@ -105,7 +105,7 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     # relay decode streams on while main decode takes over (greedy), so it may send more.
     k = rec.handoff_tokens + 1  # the tokens main decode held after the final handoff
     assert size + 1 <= k <= size + 4 and rec.eager_tokens >= k
-    assert rec.decode_server.startswith("main_decode") and not rec.handoff_mismatch
+    assert rec.decode_server.startswith("main_decode") and not rec.handoff_mismatch  # switched
     assert rec.handoff_s is not None  # the client-visible gap at the switch is recorded
     batches = handoff_log(pdd)[before:]
     assert len(batches) == rec.handoff_batches and batches[-1].final
@@ -157,7 +157,7 @@ def test_a_transfer_in_flight_makes_the_next_small_request_relay(pdd, colocated)
     rng = random.Random(11)
     huge = [rng.randrange(10, 4000) for _ in range(2500)]  # 20 MB of KV: ~1.6 s on the WAN
     pin = {headers.PIPELINE: Pipeline.P_MD}
-    first = threading.Thread(target=stream, args=(pdd, huge, 4, "huge"), kwargs={"pins": pin})
+    first = threading.Thread(target=stream, args=(pdd, huge, 8, "huge"), kwargs={"pins": pin})
     first.start()
     try:
         time.sleep(0.3)
