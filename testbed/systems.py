@@ -27,6 +27,11 @@ class SystemSpec:
 
 
 RELAYED_POLICIES = ("pdd", "threshold")
+PDD_SERVERS = (
+    (Role.PREFILL, "prefill"),
+    (Role.RELAY_DECODE, "relay_decode"),
+    (Role.MAIN_DECODE, "main_decode"),
+)
 
 SYSTEMS: dict[str, SystemSpec] = {
     s.name: s
@@ -52,21 +57,13 @@ SYSTEMS: dict[str, SystemSpec] = {
         SystemSpec(
             "pdd",
             "pdd",
-            (
-                (Role.PREFILL, "prefill"),
-                (Role.RELAY_DECODE, "relay_decode"),
-                (Role.MAIN_DECODE, "main_decode"),
-            ),
+            PDD_SERVERS,
             "prefill and relay decode in site A, main decode in site B; token-ID handoff",
         ),
         SystemSpec(
             "pdd_threshold",
             "threshold",
-            (
-                (Role.PREFILL, "prefill"),
-                (Role.RELAY_DECODE, "relay_decode"),
-                (Role.MAIN_DECODE, "main_decode"),
-            ),
+            PDD_SERVERS,
             "pdd's servers, relayed by uncached prompt length alone (a PrfaaS-like threshold)",
         ),
     )

@@ -61,7 +61,7 @@ class PddConfig(BaseModel):
         64, ge=1, description="Most tokens in one catch-up batch (one extend forward on MD)."
     )
     switch_pace: float = Field(
-        1.5,
+        1.25,
         ge=1,
         allow_inf_nan=False,
         description="While main decode takes over, the client's tokens are spaced at most "

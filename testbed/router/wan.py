@@ -12,10 +12,12 @@ Lifecycle of one transfer on a :class:`WanLine`::
                                             empty line has no backlog left
 
 The backlog is a fluid queue: it drains at the goodput while the line is busy, so a
-prediction made halfway through a long transfer counts only what is left of it. The
-goodput is a decaying average of what settled transfers achieved under the same
-model (their bytes plus the backlog ahead of them, over their time on the wire less
-the one-way delay), seeded by the configured line rate.
+prediction made halfway through a long transfer counts only what is left of it.
+A transfer's time is modelled as ``overhead + bytes / goodput``, where bytes are its
+own and those ahead of it: the overhead (round trips, framing, the receiver's work)
+dominates small transfers, the goodput large ones. Both come from a decaying
+least-squares fit over settled transfers, seeded by the configured rate and one-way
+delay, so one kind of transfer does not bias the other's estimate.
 """
 
 from __future__ import annotations
@@ -43,13 +45,39 @@ class _Outstanding:
     started: float
 
 
+class _Fit:
+    """y = overhead + x / goodput, fitted by exponentially weighted least squares."""
+
+    def __init__(self, rate: float, overhead: float, weight: float) -> None:
+        self.weight = weight
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        scale = max(rate * 0.1, 1.0)  # seed: two points on the configured line
+        for x in (0.0, scale):
+            self.add(x, overhead + x / rate, decay=False)
+        self.overhead, self.goodput = overhead, rate
+
+    def add(self, x: float, y: float, decay: bool = True) -> None:
+        keep = 1 - self.weight if decay else 1.0
+        self.n, self.sx, self.sy = keep * self.n + 1, keep * self.sx + x, keep * self.sy + y
+        self.sxx, self.sxy = keep * self.sxx + x * x, keep * self.sxy + x * y
+        if not decay:
+            return
+        var = self.sxx / self.n - (self.sx / self.n) ** 2
+        if var <= 0:
+            return
+        slope = (self.sxy / self.n - self.sx * self.sy / self.n**2) / var
+        if slope <= 0:
+            return  # not enough spread in sizes yet: keep the last estimate
+        self.goodput = 1 / slope
+        self.overhead = max(0.0, self.sy / self.n - slope * self.sx / self.n)
+
+
 class WanLine:
     def __init__(
-        self, rate_bytes_s: float, one_way_s: float = 0.0, weight: float = 0.3, clock=time.time
+        self, rate_bytes_s: float, one_way_s: float = 0.0, weight: float = 0.2, clock=time.time
     ) -> None:
-        self.goodput = float(rate_bytes_s)  # seeded by the configured rate
+        self.fit = _Fit(float(rate_bytes_s), one_way_s, weight)
         self.one_way_s = one_way_s
-        self.weight = weight  # of the newest sample in the average
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self._backlog = 0.0
@@ -64,9 +92,13 @@ class WanLine:
             return 0.0
         return max(0.0, self._backlog - self.goodput * max(0.0, now - self._as_of))
 
+    @property
+    def goodput(self) -> float:
+        return self.fit.goodput
+
     def predict(self, own_bytes: int) -> WanPrediction:
         queued = self.backlog()
-        seconds = (queued + own_bytes) / self.goodput + self.one_way_s if own_bytes else 0.0
+        seconds = self.fit.overhead + (queued + own_bytes) / self.goodput if own_bytes else 0.0
         return WanPrediction(round(queued), own_bytes, self.goodput, seconds)
 
     def start(self, room: int, nbytes: int) -> None:
@@ -86,8 +118,4 @@ class WanLine:
         self._backlog, self._as_of = min(self.backlog(now), left), now
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return
-        on_wire = record.seconds - self.one_way_s
-        if on_wire <= 0:
-            return
-        sample = (item.queued_ahead + record.wire_bytes) / on_wire
-        self.goodput = (1 - self.weight) * self.goodput + self.weight * sample
+        self.fit.add(item.queued_ahead + record.wire_bytes, record.seconds)

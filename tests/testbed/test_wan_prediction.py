@@ -59,26 +59,31 @@ def test_a_settled_transfer_leaves_the_backlog():
     assert line.predict(MB).queued_bytes == 0 and not line.outstanding
 
 
-def test_goodput_average_follows_a_slower_line_and_ignores_failures():
+def test_the_fit_follows_a_slower_line_and_its_overhead_and_ignores_failures():
     clock = Clock()
     line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.0, weight=0.5, clock=clock)
-    for room in range(1, 8):  # the line really carries 2 MB/s
-        line.start(room, 2 * MB)
-        line.settle(room, settled(room, 2 * MB, 1.0))
+    room = 0
+    for _ in range(6):  # the line really carries 2 MB/s, after 40 ms of round trips
+        for size in (MB // 10, 2 * MB):
+            room += 1
+            line.start(room, size)
+            line.settle(room, settled(room, size, 0.04 + size / (2 * MB)))
     assert line.goodput == pytest.approx(2 * MB, rel=0.05)
+    assert line.fit.overhead == pytest.approx(0.04, abs=0.01)
     line.start(99, 2 * MB)
     line.settle(99, settled(99, 2 * MB, 100.0, status="failed"))  # a cut WAN: no sample
     assert line.goodput == pytest.approx(2 * MB, rel=0.05)
-    assert line.predict(2 * MB).seconds == pytest.approx(1.0, rel=0.05)
+    assert line.predict(MB // 10).seconds == pytest.approx(0.09, abs=0.01)  # small: overhead
+    assert line.predict(4 * MB).seconds == pytest.approx(2.04, rel=0.05)  # large: rate
 
 
 def test_a_queued_transfers_sample_counts_the_bytes_ahead_of_it():
     clock = Clock()
-    line = WanLine(rate_bytes_s=4 * MB, clock=clock, weight=1.0)
+    line = WanLine(rate_bytes_s=4 * MB, clock=clock, weight=0.5)
     line.start(1, 4 * MB)
     line.start(2, 4 * MB)  # 4 MB ahead of it: 8 MB in 2 s is the line's 4 MB/s
     line.settle(2, settled(2, 4 * MB, 2.0))
-    assert line.goodput == pytest.approx(4 * MB)
+    assert line.goodput == pytest.approx(4 * MB, rel=0.01)  # not 2 MB/s
 
 
 def test_a_transfer_no_log_ever_settles_is_dropped_after_a_while():
