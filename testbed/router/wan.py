@@ -16,8 +16,10 @@ prediction made halfway through a long transfer counts only what is left of it.
 A transfer's time is modelled as ``overhead + bytes / goodput``, where bytes are its
 own and those ahead of it: the overhead (round trips, framing, the receiver's work)
 dominates small transfers, the goodput large ones. Both come from a decaying
-least-squares fit over settled transfers, seeded by the configured rate and one-way
-delay, so one kind of transfer does not bias the other's estimate.
+least-squares fit, seeded by the configured rate and one-way delay, over the settled
+transfers that had the line to themselves (one that shared it with a transfer started
+after it says nothing the model could have known), so one kind of transfer does not
+bias the other's estimate.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class _Outstanding:
     bytes: int
     queued_ahead: float
     started: float
+    shared: bool = False  # another transfer was on the line at some point
 
 
 class _Fit:
@@ -105,7 +108,9 @@ class WanLine:
         now = self.clock()
         queued = self.backlog(now)
         self._backlog, self._as_of = queued + nbytes, now
-        self.outstanding[room] = _Outstanding(nbytes, queued, now)
+        for other in self.outstanding.values():
+            other.shared = True
+        self.outstanding[room] = _Outstanding(nbytes, queued, now, shared=bool(self.outstanding))
 
     def settle(self, room: int, record: TransferRecord | None = None) -> None:
         """The transfer of ``room`` ended (``record``: the receiver's log line, or None
@@ -118,4 +123,5 @@ class WanLine:
         self._backlog, self._as_of = min(self.backlog(now), left), now
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return
-        self.fit.add(item.queued_ahead + record.wire_bytes, record.seconds)
+        if not item.shared:
+            self.fit.add(record.wire_bytes, record.seconds)

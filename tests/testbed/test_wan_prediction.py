@@ -77,13 +77,17 @@ def test_the_fit_follows_a_slower_line_and_its_overhead_and_ignores_failures():
     assert line.predict(4 * MB).seconds == pytest.approx(2.04, rel=0.05)  # large: rate
 
 
-def test_a_queued_transfers_sample_counts_the_bytes_ahead_of_it():
+def test_transfers_that_shared_the_line_do_not_train_the_fit():
     clock = Clock()
     line = WanLine(rate_bytes_s=4 * MB, clock=clock, weight=0.5)
     line.start(1, 4 * MB)
-    line.start(2, 4 * MB)  # 4 MB ahead of it: 8 MB in 2 s is the line's 4 MB/s
-    line.settle(2, settled(2, 4 * MB, 2.0))
-    assert line.goodput == pytest.approx(4 * MB, rel=0.01)  # not 2 MB/s
+    line.start(2, 4 * MB)  # both on the line: neither says what the line alone does
+    line.settle(1, settled(1, 4 * MB, 10.0))
+    line.settle(2, settled(2, 4 * MB, 20.0))
+    assert line.goodput == pytest.approx(4 * MB)
+    line.start(3, 4 * MB)  # alone: it trains the fit
+    line.settle(3, settled(3, 4 * MB, 2.0))
+    assert line.goodput < 4 * MB
 
 
 def test_a_transfer_no_log_ever_settles_is_dropped_after_a_while():
