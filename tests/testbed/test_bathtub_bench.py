@@ -47,3 +47,28 @@ def test_scaled_down_bathtub_sweep(tmp_path):
     assert emulation["dilation"] == 20 and emulation["kv_scaling"] == "wan_rate"
     report = (run_dir / "fixed_hit-0.0" / "report.html").read_text()
     assert "Emulation mode" in report and "pacing" in report.lower()
+
+
+def test_calibration_picks_the_dilation_the_run_then_uses(tmp_path):
+    """A paced run with emulation.calibrate: a slice of the load first, on the scenario's
+    first system, then the run at the k every server's passes needed (x the margin)."""
+    import math
+
+    base = Scenario.load("bathtub").model_dump()
+    base["workload"]["generator"].update(sessions=2, fixed_hit=0.5)
+    base["emulation"].update(calibrate=True, calibration_requests=2)
+    base.pop("sweep", None)
+    scenario = Scenario.model_validate(base)
+
+    run_dir = run_bench(scenario, tmp_path, Console(file=io.StringIO()))
+
+    emulation = json.loads((run_dir / "emulation.json").read_text())
+    calibration = emulation["calibration"]
+    assert calibration["system"] == "colocated" and calibration["by_pass"]
+    assert calibration["needed"] > 0
+    assert emulation["dilation"] == calibration["dilation"]
+    assert calibration["dilation"] == max(1, math.ceil(calibration["needed"] * 1.2))
+    assert (run_dir / "calibration" / "colocated" / "records.parquet").exists()
+    run = load_run(run_dir)  # the calibration slice is not one of the run's systems
+    assert list(run.systems) == ["colocated"] and len(run.systems["colocated"].records) == 2
+    assert "Dilation calibrated" in (run_dir / "report.html").read_text()
