@@ -161,16 +161,17 @@ class HandoffService:
         start = time.monotonic()
         started_at = time.time()
         req = parked.req
-        next_token, extended = extend_parked(self.scheduler, req, list(msg.tokens), msg.final)
+        through_last = msg.final and predicts_safely(req, len(msg.tokens))
+        next_token, extended = extend_parked(self.scheduler, req, list(msg.tokens), through_last)
         forward_s = time.monotonic() - start
         parked.extend_forwards += extended > 0
         parked.since = time.monotonic()
         # A catch-up batch leaves the last token pending, and the forward's prediction
         # should be that token; the final one takes it in, and its prediction is MD's
         # first own token (known to nobody yet).
-        expected = -1 if msg.final else int(req.output_ids[-1])
+        expected = -1 if through_last else int(req.output_ids[-1])
         if msg.final:
-            if next_token >= 0:
+            if through_last and next_token >= 0:
                 req.output_ids.append(next_token)  # streamed as the request joins the batch
             del self.parked[room]
             self.scheduler.waiting_queue.append(req)
@@ -212,6 +213,21 @@ def _reply(conn: socket.socket | None, kind: MsgType, room: int, body: bytes) ->
         send_frame(conn, kind, room, body)
     except OSError as exc:
         logger.warning("handoff: reply %s for room %d lost: %s", kind.name, room, exc)
+
+
+def predicts_safely(req, new_tokens: int) -> bool:
+    """Whether the final extend may also predict the request's next token: only if that
+    token cannot end the request (at least one more is to come, and no stop token or
+    string could match it). A request that ended in its merge step would leave SGLang's
+    release path with KV bookkeeping it does not expect."""
+    params = req.sampling_params
+    after = len(req.output_ids) + new_tokens + 1  # outputs once the prediction is in
+    no_stop = params.ignore_eos and not params.stop_token_ids and not params.stop_strs
+    return (
+        bool(no_stop)
+        and not getattr(params, "stop_regex_strs", None)
+        and (params.max_new_tokens is None or after < params.max_new_tokens)
+    )
 
 
 def extend_parked(scheduler, req, new_tokens: list[int], through_last: bool = False):

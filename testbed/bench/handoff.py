@@ -143,8 +143,10 @@ class Trials:
                 f"{kv.end - kv.start:.2f} s), so it would not time the handoff alone"
             )
         sent = rec.handoff_sent
-        # The final forward predicts main decode's first own token: the stream's next.
-        predicted = rec.output_ids[rec.handoff_tokens + 1]
+        # The final forward predicts main decode's first own token (the stream's next),
+        # or, where that token could end the request, the last handed one.
+        k = rec.handoff_tokens + 1
+        predicted = rec.output_ids[k] if h.expected_next == -1 else h.expected_next
         exact = h.next_token == predicted and not rec.handoff_mismatch
         return dict(
             path="token ids",

@@ -38,3 +38,23 @@ def test_handoff_and_alignment_hook_targets_exist():
     for target in (*TARGETS, drc_align.TARGET):
         module, cls, attr = target.rsplit(".", 2)
         assert callable(getattr(getattr(importlib.import_module(module), cls), attr)), target
+
+
+def test_the_final_extend_predicts_only_a_token_that_cannot_end_the_request():
+    """A request that ended in its merge step would crash SGLang's release path (seen:
+    a short Mooncake output on main decode), so the prediction is only taken when at
+    least one more token is to come and no stop token or string could match."""
+    from types import SimpleNamespace
+
+    from engine_patches.handoff.md import predicts_safely
+
+    def req(outputs, max_new, **params):
+        base = dict(ignore_eos=True, stop_token_ids=None, stop_strs=None, max_new_tokens=max_new)
+        return SimpleNamespace(
+            output_ids=[0] * outputs, sampling_params=SimpleNamespace(**{**base, **params})
+        )
+
+    assert predicts_safely(req(1, 10), new_tokens=5)  # 7 outputs after it: 3 to come
+    assert not predicts_safely(req(1, 7), new_tokens=5)  # the prediction would be the last
+    assert not predicts_safely(req(1, 100, ignore_eos=False), new_tokens=5)  # EOS could end it
+    assert not predicts_safely(req(1, 100, stop_strs=["\n"]), new_tokens=5)

@@ -113,8 +113,10 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
         assert b.frame_bytes == Handoff.wire_bytes(b.tokens) <= 4 * b.tokens + 21
     for b in batches[:-1]:  # catch-up: the last token stays pending, and is predicted
         assert b.extend_tokens == b.tokens and b.next_token == b.expected_next
-    # The final forward takes in the pending token too and predicts MD's first own one.
+    # The final forward takes in the pending token too and predicts MD's first own one
+    # (greedy, ignore_eos, tokens to come: it cannot end the request).
     assert batches[-1].extend_tokens == batches[-1].tokens + 1 and batches[-1].next_token == got[k]
+    assert batches[-1].expected_next == -1
     assert batches[-1].extend_forwards == len(batches)
     assert sum(b.tokens for b in batches) == rec.handoff_tokens
 
