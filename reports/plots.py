@@ -152,6 +152,8 @@ def ttft_parts(breakdown: pd.DataFrame) -> str | None:
         return None
     frame = breakdown.set_index(breakdown["system"] + " " + breakdown["percentile"])
     shown = [p for p in TtftPart if frame[p.value].abs().sum() > 0]
+    if not shown:
+        return None
     fig, ax = plt.subplots(figsize=(max(6.4, 0.55 * len(frame)), 3.8))
     bottom = np.zeros(len(frame))
     for part in shown:
