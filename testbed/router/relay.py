@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 
 from aiohttp import web
@@ -42,6 +41,7 @@ from testbed.router.config import PddConfig
 from testbed.router.handoff_channel import HandoffChannel, HandoffError
 from testbed.router.handoff_decision import Action, HandoffState, Knobs, decide, pinned_mode
 from testbed.router.policies import Loads, Route, max_new_tokens
+from testbed.router.switch import switch_streams
 from testbed.router.transfers import TransferIndex
 from testbed.router.upstream import Upstream, UpstreamError, chunks, read_or_abort
 
@@ -94,7 +94,7 @@ class RelayedRequest:
         }
         md_host, port = route.main_decode.host, pipeline.pdd.handoff_port
         self.channel = HandoffChannel(md_host, port, record.room)
-        self._drained: asyncio.Task | None = None  # main decode finishing apart
+        self.drained: asyncio.Task | None = None  # main decode finishing apart
         self.ready: asyncio.Task | None = None
         self.prefill: asyncio.Task | None = None
         self.md: asyncio.Task | None = None
@@ -132,8 +132,8 @@ class RelayedRequest:
             md_stream = chunks(md)
             # Greedy: both streams are the same tokens, so relay decode streams on until
             # main decode has caught up with the client.
-            if greedy(self.body) and await self._switch_streams(rld, md_stream):
-                owns_md_side = self._drained is None  # else the drain releases MD's side
+            if greedy(self.body) and await switch_streams(self, rld, md_stream):
+                owns_md_side = self.drained is None  # else the drain releases MD's side
                 return self.out.response
             rld.close()  # SGLang aborts relay decode's request
             rld = None
@@ -236,97 +236,7 @@ class RelayedRequest:
             self.p.unfinished_prefills[id(record)] = self.prefill
         return True
 
-    async def _switch_streams(self, rld, md_stream) -> bool:
-        """After the final handoff, without a gap: relay decode keeps streaming while
-        main decode takes over, and both streams (the same tokens: greedy decoding
-        only) feed one queue the client is served from. Until main decode has caught up
-        with the client, tokens leave the queue at most one per ``switch_pace`` x the
-        request's inter-token interval, so the client's stream slows a little instead of
-        stopping for the takeover; once main decode has every token the client has
-        (or has decoded ``switch_tokens`` without catching up: on shared cores it may
-        not be faster), relay decode's request is aborted, and the tokens still queued
-        go at that pace until main decode has them too. If main
-        decode fails meanwhile, relay decode finishes the request (``fallback``).
-        Returns True if the client's stream ended here without main decode; main
-        decode's side is then released here or, while it still decodes the request
-        (its cache should hold the exchange), by a drain in the background."""
-        rld_stream = chunks(rld, self.prefill)
-        queue: deque = deque()  # chunks not yet sent, in token order
-        have = len(self.tokens)  # tokens the router holds (sent or queued)
-        pace = self.p.pdd.switch_pace * _itl(self.record.token_times)
-        md_first: int | None = None  # main decode's count in its first chunk
-        from_rld = asyncio.ensure_future(anext(rld_stream, None))
-        from_md = asyncio.ensure_future(anext(md_stream, None))
-        last_sent, md_count = self.record.token_times[-1], 0
-        rld_open, md_open, md_failed, finished = True, True, False, False
-        rld_finished = False
-        try:
-            while not finished:
-                caught_up = not md_failed and md_count >= len(self.tokens)
-                overdue = md_first is not None and md_count - md_first >= self.p.pdd.switch_tokens
-                if (caught_up or overdue) and rld_open:  # relay decode stops
-                    from_rld.cancel()
-                    rld.close()
-                    rld_open = False
-                    self.record.decode_server = self.route.main_decode.name
-                # main decode still behind what the client will get (unless relay decode
-                # already has the whole request)
-                slow = not md_failed and not rld_finished and md_count < have
-                if queue and (not slow or time.time() - last_sent >= pace):
-                    chunk = queue.popleft()
-                    new = chunk.new_ids(len(self.tokens))
-                    self.tokens += new
-                    if rld_open or slow:  # the client-visible gap while switching
-                        gap = time.time() - last_sent
-                        self.record.handoff_s = max(self.record.handoff_s or 0.0, gap)
-                    await self.out.emit(chunk, len(new))
-                    last_sent, finished = time.time(), chunk.finished or chunk.done
-                    continue
-                waits = {t for t, open_ in ((from_rld, rld_open), (from_md, md_open)) if open_}
-                if not waits:
-                    break
-                timeout = max(0.0, last_sent + pace - time.time()) if queue else None
-                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-                if rld_open and from_rld.done():
-                    chunk = from_rld.result()
-                    if chunk is None or chunk.error:
-                        rld_open = False  # relay decode is gone: main decode alone
-                    else:
-                        have = _queue(queue, chunk, have)
-                        self.record.eager_tokens = have
-                        rld_finished = chunk.finished or chunk.done
-                        rld_open = not rld_finished
-                        from_rld = asyncio.ensure_future(anext(rld_stream, None))
-                if md_open and from_md.done():
-                    chunk = from_md.result()
-                    if chunk is None or chunk.error:
-                        what = chunk.error if chunk is not None else "stream ended"
-                        self.record.fallback = f"main decode after the handoff: {what}"[:300]
-                        md_open, md_failed = False, True
-                        continue
-                    self._check_echo(chunk)
-                    count = int(chunk.meta.get("completion_tokens", 0))
-                    md_first = count if md_first is None else md_first
-                    md_count = max(md_count, count)
-                    have = _queue(queue, chunk, have)
-                    md_open = not (chunk.finished or chunk.done)
-                    if md_open:
-                        from_md = asyncio.ensure_future(anext(md_stream, None))
-            if not finished:
-                raise UpstreamError("relay and main decode both ended before the request did")
-            if self.record.decode_server == self.route.main_decode.name:
-                return False  # switched; main decode's stream is consumed here to its end
-            await self.out.finish()
-            if md_open:  # main decode still decodes the request: let it finish, then release
-                self._drained = self.p.background(self._drain_main_decode(from_md, md_stream))
-                from_md = None
-            return True
-        finally:
-            for task in (from_rld, from_md):
-                if task is not None and not task.done():
-                    task.cancel()
-
-    def _check_echo(self, chunk) -> None:
+    def check_echo(self, chunk) -> None:
         echoed, tokens = chunk.echoed(), self.tokens
         if echoed is not None:
             n = min(len(echoed), len(tokens))
@@ -357,7 +267,7 @@ class RelayedRequest:
         async for chunk in md_stream:
             await self._from_main_decode(chunk)
 
-    async def _drain_main_decode(self, pending: asyncio.Future, md_stream) -> None:
+    async def drain_main_decode(self, pending: asyncio.Future, md_stream) -> None:
         """Relay decode finished the client's stream after the handoff: main decode
         decodes the request to its end anyway, so its cache holds the exchange."""
         try:
@@ -441,17 +351,3 @@ def greedy(body: dict) -> bool:
     params = body.get("sampling_params") or {}
     temperature = params.get("temperature", body.get("temperature", 1.0))
     return temperature == 0 or params.get("top_k") == 1
-
-
-def _itl(token_times: list[float]) -> float:
-    """The request's recent inter-token interval (median of its last gaps; 0 if none)."""
-    gaps = sorted(b - a for a, b in zip(token_times[-9:], token_times[-8:], strict=False))
-    return gaps[len(gaps) // 2] if gaps else 0.0
-
-
-def _queue(queue: deque, chunk, have: int) -> int:
-    """Queue a chunk if it carries tokens the router does not hold yet (or the end)."""
-    count = int(chunk.meta.get("completion_tokens", 0))
-    if count > have or chunk.finished or chunk.done:
-        queue.append(chunk)
-    return max(have, count)

@@ -1,0 +1,115 @@
+"""The switch from relay decode to main decode after the final handoff, without a gap
+in the client's stream (greedy requests; see :func:`switch_streams`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+from testbed.router.upstream import UpstreamError, chunks
+
+
+async def switch_streams(req, rld, md_stream) -> bool:
+    """After the final handoff, without a gap: relay decode keeps streaming while
+    main decode takes over, and both streams (the same tokens: greedy decoding
+    only) feed one queue the client is served from. Until main decode has caught up
+    with the client, tokens leave the queue at most one per ``switch_pace`` x the
+    request's inter-token interval, so the client's stream slows a little instead of
+    stopping for the takeover; once main decode has every token the client has
+    (or has decoded ``switch_tokens`` without catching up: on shared cores it may
+    not be faster), relay decode's request is aborted, and the tokens still queued
+    go at that pace until main decode has them too. If main
+    decode fails meanwhile, relay decode finishes the request (``fallback``).
+    Returns True if the client's stream ended here without main decode; main
+    decode's side is then released here or, while it still decodes the request
+    (its cache should hold the exchange), by a drain in the background."""
+    rld_stream = chunks(rld, req.prefill)
+    queue: deque = deque()  # chunks not yet sent, in token order
+    have = len(req.tokens)  # tokens the router holds (sent or queued)
+    pace = req.p.pdd.switch_pace * _itl(req.record.token_times)
+    md_first: int | None = None  # main decode's count in its first chunk
+    from_rld = asyncio.ensure_future(anext(rld_stream, None))
+    from_md = asyncio.ensure_future(anext(md_stream, None))
+    last_sent, md_count = req.record.token_times[-1], 0
+    rld_open, md_open, md_failed, finished = True, True, False, False
+    rld_finished = False
+    try:
+        while not finished:
+            caught_up = not md_failed and md_count >= len(req.tokens)
+            overdue = md_first is not None and md_count - md_first >= req.p.pdd.switch_tokens
+            if (caught_up or overdue) and rld_open:  # relay decode stops
+                from_rld.cancel()
+                rld.close()
+                rld_open = False
+                req.record.decode_server = req.route.main_decode.name
+            # main decode still behind what the client will get (unless relay decode
+            # already has the whole request)
+            slow = not md_failed and not rld_finished and md_count < have
+            if queue and (not slow or time.time() - last_sent >= pace):
+                chunk = queue.popleft()
+                new = chunk.new_ids(len(req.tokens))
+                req.tokens += new
+                if rld_open or slow:  # the client-visible gap while switching
+                    gap = time.time() - last_sent
+                    req.record.handoff_s = max(req.record.handoff_s or 0.0, gap)
+                await req.out.emit(chunk, len(new))
+                last_sent, finished = time.time(), chunk.finished or chunk.done
+                continue
+            waits = {t for t, open_ in ((from_rld, rld_open), (from_md, md_open)) if open_}
+            if not waits:
+                break
+            timeout = max(0.0, last_sent + pace - time.time()) if queue else None
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if rld_open and from_rld.done():
+                chunk = from_rld.result()
+                if chunk is None or chunk.error:
+                    rld_open = False  # relay decode is gone: main decode alone
+                else:
+                    have = _queue(queue, chunk, have)
+                    req.record.eager_tokens = have
+                    rld_finished = chunk.finished or chunk.done
+                    rld_open = not rld_finished
+                    from_rld = asyncio.ensure_future(anext(rld_stream, None))
+            if md_open and from_md.done():
+                chunk = from_md.result()
+                if chunk is None or chunk.error:
+                    what = chunk.error if chunk is not None else "stream ended"
+                    req.record.fallback = f"main decode after the handoff: {what}"[:300]
+                    md_open, md_failed = False, True
+                    continue
+                req.check_echo(chunk)
+                count = int(chunk.meta.get("completion_tokens", 0))
+                md_first = count if md_first is None else md_first
+                md_count = max(md_count, count)
+                have = _queue(queue, chunk, have)
+                md_open = not (chunk.finished or chunk.done)
+                if md_open:
+                    from_md = asyncio.ensure_future(anext(md_stream, None))
+        if not finished:
+            raise UpstreamError("relay and main decode both ended before the request did")
+        if req.record.decode_server == req.route.main_decode.name:
+            return False  # switched; main decode's stream is consumed here to its end
+        await req.out.finish()
+        if md_open:  # main decode still decodes the request: let it finish, then release
+            req.drained = req.p.background(req.drain_main_decode(from_md, md_stream))
+            from_md = None
+        return True
+    finally:
+        for task in (from_rld, from_md):
+            if task is not None and not task.done():
+                task.cancel()
+
+
+def _itl(token_times: list[float]) -> float:
+    """The request's recent inter-token interval (median of its last gaps; 0 if none)."""
+    gaps = sorted(b - a for a, b in zip(token_times[-9:], token_times[-8:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def _queue(queue: deque, chunk, have: int) -> int:
+    """Queue a chunk if it carries tokens the router does not hold yet (or the end)."""
+    count = int(chunk.meta.get("completion_tokens", 0))
+    if count > have or chunk.finished or chunk.done:
+        queue.append(chunk)
+    return max(have, count)
