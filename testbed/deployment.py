@@ -204,6 +204,7 @@ class Deployment:
             update={
                 "wan_rate_mbit": wan.rate_mbit,
                 "wan_one_way_s": wan.delay_ms / 1000,
+                "wan_queue_packets": wan.queue_packets,
                 "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
             }
         )

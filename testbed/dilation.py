@@ -88,6 +88,7 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     pdd = data["pdd"]
     pdd["direct_wan_bound_s"] *= k
     pdd["settle_timeout_s"] *= k
+    pdd["turn_wait_s"] *= k
     pdd["rld_step_s"] *= k
     data["servers"]["kv_idle_timeout_s"] *= k
     if scenario.workload.trace is not None:  # a trace file's arrivals and pauses

@@ -5,7 +5,10 @@ prefix mirror what MD now caches and, with ``align_prefill_cache``, has P cache 
 same exchange (a prefill with SGLang's fake transfer: nothing is sent), so P's and
 MD's hit ratios stay aligned over a session. A session's next request waits for the
 previous one's alignment, or for its settling on MD when relay decode finished it
-(``before``/``after``).
+(``before``/``after``), but at most ``turn_wait_s``: past that it is routed on what
+the mirror knows then (MD lacking the exchange: a conservative WAN prediction, and P
+recomputes what it has not cached yet), so a slow settle behind a busy WAN never
+stalls the session's next first token.
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ class AfterRequest:
         self.pending: dict[str, asyncio.Future] = {}
         # id(record) → settle_on_md's task, for requests relay decode finished first
         self.settling: dict[int, asyncio.Task] = {}
-        # how long a next turn waits: a settle may take up to its own timeout
-        self.wait_s = pdd.settle_timeout_s + 5
+        self.wait_s = pdd.turn_wait_s  # how long a next turn waits for them
 
     async def before(self, session: str | None) -> asyncio.Future | None:
         """Wait until P caches the session's previous exchange; returns this request's
@@ -49,6 +51,10 @@ class AfterRequest:
         if previous is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(previous), self.wait_s)
+            except TimeoutError:  # routed on what the mirror knows now
+                logger.info(
+                    "session %s: previous turn still aligning after %.2f s", session, self.wait_s
+                )
             except Exception as exc:  # alignment is an optimisation; never fail a request
                 logger.warning("aligning P's cache for session %s: %r", session, exc)
         return mine

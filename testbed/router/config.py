@@ -30,6 +30,9 @@ class PddConfig(BaseModel):
     wan_rate_mbit: float = Field(100.0, gt=0, description="WAN rate the router plans with.")
     kv_bytes_per_token: int = Field(8192, gt=0, description="KV bytes per token (the model's).")
     wan_one_way_s: float = Field(0.0, ge=0, description="WAN one-way delay the router plans with.")
+    wan_queue_packets: int = Field(
+        1000, ge=1, description="The WAN rate limiter's queue (packets) the router plans with."
+    )
     direct_wan_bound_s: float = Field(
         0.1, ge=0, description="Predicted WAN transfer time up to which a request goes P->MD."
     )
@@ -84,6 +87,14 @@ class PddConfig(BaseModel):
     )
     align_prefill_cache: bool = Field(
         True, description="After a request ends on MD, P caches the exchange too (DRC alignment)."
+    )
+    turn_wait_s: float = Field(
+        0.5,
+        ge=0,
+        allow_inf_nan=False,
+        description="A session's next turn waits at most this long for the previous turn's "
+        "DRC alignment (P caching the exchange, or MD settling it); past that it is routed on "
+        "what the router's mirror of MD's cache knows then.",
     )
     settle_timeout_s: float = Field(
         30.0,

@@ -10,7 +10,7 @@ from protocol import headers
 from protocol.names import Pipeline, Role
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
 from testbed.router.mirror import PrefixMirror
-from testbed.router.wan import WanLine, WanPrediction
+from testbed.router.wan import PACKET_BYTES, WanLine, WanPrediction
 
 
 @dataclass(frozen=True)
@@ -164,8 +164,9 @@ class ThresholdPolicy(PddPolicy):
 
 
 def wan_line(pdd: PddConfig) -> WanLine:
-    """A WAN line seeded by the configured rate (bytes/s) and one-way delay."""
-    return WanLine(pdd.wan_rate_mbit * 1e6 / 8, pdd.wan_one_way_s)
+    """A WAN line seeded by the configured rate (bytes/s), one-way delay and queue."""
+    queue_bytes = pdd.wan_queue_packets * PACKET_BYTES
+    return WanLine(pdd.wan_rate_mbit * 1e6 / 8, pdd.wan_one_way_s, queue_bytes)
 
 
 def prompt_tokens(body: dict) -> list[int] | None:

@@ -267,13 +267,27 @@ class RelayedRequest:
         async for chunk in md_stream:
             await self._from_main_decode(chunk)
 
-    async def drain_main_decode(self, pending: asyncio.Future, md_stream) -> None:
+    def start_drain(self, pending: asyncio.Future, md_stream) -> None:
         """Relay decode finished the client's stream after the handoff: main decode
-        decodes the request to its end anyway, so its cache holds the exchange."""
+        finishes the request in the background. It settles the exchange like
+        :meth:`settle`, so the session's next turn waits for it (``turn_wait_s``)."""
+        self.drained = self.p.background(self.drain_main_decode(pending, md_stream))
+        self.p.after.settling[id(self.record)] = self.drained
+
+    async def drain_main_decode(self, pending: asyncio.Future, md_stream) -> None:
+        """Main decode decodes the request to its end, so its cache holds the exchange;
+        then the mirror and P learn it, as after any request that ended on MD."""
         try:
             chunk = await pending
             while chunk is not None and not (chunk.finished or chunk.done or chunk.error):
                 chunk = await anext(md_stream, None)
+            if chunk is None or chunk.error:
+                raise HandoffError(f"main decode: {chunk.error if chunk else 'stream ended'}")
+            aligning = self.p.after.remember(
+                self.route, self.body, self.record.session_id, self.tokens
+            )
+            if aligning is not None:
+                await aligning
         except Exception as exc:  # off the client's path: log, never raise
             logger.info("room %s: main decode after relay decode ended: %r", self.record.room, exc)
         finally:
@@ -286,7 +300,7 @@ class RelayedRequest:
         decodes that one itself: one extend forward, one decode step), and once MD's
         output equals what the client got, the mirror and P's cache learn the exchange
         like after any request that ended on MD. A session's next turn waits for this
-        (at most ``settle_timeout_s``), as it waits for P's cache after any request."""
+        at most ``turn_wait_s``, as it waits for P's cache after any request."""
         timeout = self.p.pdd.settle_timeout_s
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

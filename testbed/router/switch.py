@@ -92,7 +92,7 @@ async def switch_streams(req, rld, md_stream) -> bool:
             return False  # switched; main decode's stream is consumed here to its end
         await req.out.finish()
         if md_open:  # main decode still decodes the request: let it finish, then release
-            req.drained = req.p.background(req.drain_main_decode(from_md, md_stream))
+            req.start_drain(from_md, md_stream)
             from_md = None
         return True
     finally:

@@ -11,15 +11,17 @@ Lifecycle of one transfer on a :class:`WanLine`::
                                             goodput average learns from it, and an
                                             empty line has no backlog left
 
-The backlog is a fluid queue: it drains at the goodput while the line is busy, so a
-prediction made halfway through a long transfer counts only what is left of it.
-A transfer's time is modelled as ``overhead + bytes / goodput``, where bytes are its
-own and those ahead of it: the overhead (round trips, framing, the receiver's work)
-dominates small transfers, the goodput large ones. Both come from a decaying
-least-squares fit, seeded by the configured rate and one-way delay, over the settled
-transfers that had the line to themselves (one that shared it with a transfer started
-after it says nothing the model could have known), so one kind of transfer does not
-bias the other's estimate.
+The line is a fluid model of TCP over a rate-limited drop-tail queue. Transfers on
+it share the rate equally (processor sharing), so a transfer of ``s`` bytes among
+others with ``r_i`` bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``;
+each transfer's remaining bytes drain that way between events. Every transfer also
+starts in TCP slow start (its connection was idle), a round trip per doubling of the
+window, and a round trip grows by the standing queue the other transfers keep full
+(at most the queue's size): what makes a small transfer behind a large one slow.
+The rest — framing, the receiver's work, what the model misses — is an overhead
+fitted with the goodput by decaying least squares, seeded by the configured rate and
+one-way delay, over the settled transfers that had the line to themselves (one that
+shared it says nothing the model could have known).
 """
 
 from __future__ import annotations
@@ -30,11 +32,25 @@ from dataclasses import dataclass
 from protocol.records import TransferRecord
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
+INITIAL_WINDOW = 10 * 1448  # Linux's initial congestion window: 10 segments
+PACKET_BYTES = 1500
+
+
+def slow_start_s(nbytes: float, rate: float, rtt: float, window: float = INITIAL_WINDOW) -> float:
+    """Seconds TCP slow start adds to sending ``nbytes`` at ``rate`` over a round trip
+    of ``rtt``: the window doubles each round trip until it fills the pipe, and each
+    round sends only its window."""
+    if nbytes <= 0 or rtt <= 0:
+        return 0.0
+    pipe, sent, rounds = rate * rtt, 0.0, 0
+    while sent + window < nbytes and window < pipe:
+        sent, window, rounds = sent + window, window * 2, rounds + 1
+    return max(0.0, rounds * rtt - sent / rate)
 
 
 @dataclass(frozen=True)
 class WanPrediction:
-    queued_bytes: int  # already on the line ahead of this transfer
+    queued_bytes: int  # on the line (queued or in flight) when this transfer was routed
     own_bytes: int  # this request's uncached KV
     goodput_bps: float  # bytes per second the line achieves
     seconds: float  # predicted first-to-last-byte time of this transfer
@@ -43,7 +59,7 @@ class WanPrediction:
 @dataclass
 class _Outstanding:
     bytes: int
-    queued_ahead: float
+    left: float  # not yet drained (the fluid model's view)
     started: float
     shared: bool = False  # another transfer was on the line at some point
 
@@ -77,51 +93,76 @@ class _Fit:
 
 class WanLine:
     def __init__(
-        self, rate_bytes_s: float, one_way_s: float = 0.0, weight: float = 0.2, clock=time.time
+        self,
+        rate_bytes_s: float,
+        one_way_s: float = 0.0,
+        queue_bytes: float = 0.0,
+        weight: float = 0.2,
+        clock=time.time,
     ) -> None:
         self.fit = _Fit(float(rate_bytes_s), one_way_s, weight)
-        self.one_way_s = one_way_s
+        self.rtt = 2 * one_way_s
+        self.queue_bytes = queue_bytes  # the rate limiter's queue: the most it delays
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
-        self._backlog = 0.0
         self._as_of = clock()
-
-    def backlog(self, now: float | None = None) -> float:
-        """Bytes still ahead on the line (the fluid queue, drained to ``now``)."""
-        now = self.clock() if now is None else now
-        for room in [r for r, o in self.outstanding.items() if now - o.started > STALE_S]:
-            del self.outstanding[room]  # its transfer never ran (the request failed first)
-        if not self.outstanding:
-            return 0.0
-        return max(0.0, self._backlog - self.goodput * max(0.0, now - self._as_of))
 
     @property
     def goodput(self) -> float:
         return self.fit.goodput
 
+    def _drain(self, now: float) -> None:
+        """Advance the fluid model to ``now``: active transfers share the goodput."""
+        for room in [r for r, o in self.outstanding.items() if now - o.started > STALE_S]:
+            del self.outstanding[room]  # its transfer never ran (the request failed first)
+        elapsed, self._as_of = max(0.0, now - self._as_of), now
+        active = [o for o in self.outstanding.values() if o.left > 0]
+        while elapsed > 0 and active:
+            share = self.goodput / len(active)
+            step = min(elapsed, min(o.left for o in active) / share)
+            for o in active:
+                o.left = max(0.0, o.left - step * share)
+            elapsed -= step
+            active = [o for o in active if o.left > 1e-6]
+
+    def backlog(self, now: float | None = None) -> float:
+        """Bytes still on the line (queued or in flight), drained to ``now``."""
+        self._drain(self.clock() if now is None else now)
+        return sum(o.left for o in self.outstanding.values())
+
+    def seconds(self, own_bytes: float) -> float:
+        """The model's first-to-last-byte time of ``own_bytes`` starting now."""
+        if not own_bytes:
+            return 0.0
+        others = [o.left for o in self.outstanding.values() if o.left > 0]
+        shared = sum(min(left, own_bytes) for left in others)
+        rtt = self.rtt + min(sum(others), self.queue_bytes) / self.goodput
+        return (
+            self.fit.overhead
+            + slow_start_s(own_bytes, self.goodput, rtt)
+            + (own_bytes + shared) / self.goodput
+        )
+
     def predict(self, own_bytes: int) -> WanPrediction:
         queued = self.backlog()
-        seconds = self.fit.overhead + (queued + own_bytes) / self.goodput if own_bytes else 0.0
-        return WanPrediction(round(queued), own_bytes, self.goodput, seconds)
+        return WanPrediction(round(queued), own_bytes, self.goodput, self.seconds(own_bytes))
 
     def start(self, room: int, nbytes: int) -> None:
-        now = self.clock()
-        queued = self.backlog(now)
-        self._backlog, self._as_of = queued + nbytes, now
+        self._drain(self.clock())
+        busy = bool(self.outstanding)
         for other in self.outstanding.values():
             other.shared = True
-        self.outstanding[room] = _Outstanding(nbytes, queued, now, shared=bool(self.outstanding))
+        self.outstanding[room] = _Outstanding(nbytes, float(nbytes), self._as_of, shared=busy)
 
     def settle(self, room: int, record: TransferRecord | None = None) -> None:
         """The transfer of ``room`` ended (``record``: the receiver's log line, or None
         when it never ran, e.g. a request that failed before its transfer)."""
+        self._drain(self.clock())
         item = self.outstanding.pop(room, None)
         if item is None:
             return
-        now = self.clock()  # no more backlog than the transfers still outstanding
-        left = sum(o.bytes for o in self.outstanding.values())
-        self._backlog, self._as_of = min(self.backlog(now), left), now
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return
-        if not item.shared:
-            self.fit.add(record.wire_bytes, record.seconds)
+        if not item.shared:  # what slow start explains is not the overhead's
+            x = record.wire_bytes
+            self.fit.add(x, record.seconds - slow_start_s(x, self.goodput, self.rtt))

@@ -41,7 +41,12 @@ def pdd(tmp_path_factory):
         name="test_pdd",
         network=NetworkSpec(wan=LinkSpec(rate_mbit=100, delay_ms=5, queue_packets=2000)),
         servers=ServersSpec(kv_idle_timeout_s=5, max_total_tokens=60000),
-        pdd=PddConfig(direct_wan_bound_s=0.05, anomalous_min_input=1500, anomalous_max_output=4),
+        pdd=PddConfig(
+            direct_wan_bound_s=0.05,
+            anomalous_min_input=1500,
+            anomalous_max_output=4,
+            turn_wait_s=60,  # the aligned-session test checks P's and MD's hits turn by turn
+        ),
         systems=["pdd"],
     )
     with Deployment(scenario, "pdd", tmp_path_factory.mktemp("pdd"), "tpdd") as deployment:
@@ -143,7 +148,7 @@ def test_routing_follows_the_bound_and_anomalous_requests_stay_off_the_wan(pdd, 
     assert rec.pipeline == "RLD-only" and out == reference_output(colocated, big, 4)
     assert rec.kv_link == "lan" and wan_sent < 20_000  # no KV (1800 x 8 KB) crossed
 
-    small = [rng.randrange(10, 4000) for _ in range(40)]  # 40 x 8 KB: 26 ms at 100 Mbit/s
+    small = [rng.randrange(10, 4000) for _ in range(8)]  # 8 x 8 KB: two round trips
     stream(pdd, small, 8, "small")
     assert record_of(pdd, "small").pipeline == "P->MD"
     large = [rng.randrange(10, 4000) for _ in range(200)]  # 131 ms > 50 ms
@@ -153,9 +158,10 @@ def test_routing_follows_the_bound_and_anomalous_requests_stay_off_the_wan(pdd, 
 
 
 def test_a_transfer_in_flight_makes_the_next_small_request_relay(pdd, colocated):
-    """Queue-aware routing on real servers: 40 uncached tokens alone go P->MD (above);
-    behind a 20 MB transfer on the same WAN line they are relayed, and the record says
-    what the prediction counted."""
+    """Queue-aware routing on real servers: 8 uncached tokens alone go P->MD (above);
+    behind a 20 MB transfer on the same WAN line (sharing it, and every round trip
+    behind its standing queue) they are relayed, and the record says what the
+    prediction counted."""
     rng = random.Random(11)
     huge = [rng.randrange(10, 4000) for _ in range(2500)]  # 20 MB of KV: ~1.6 s on the WAN
     pin = {headers.PIPELINE: Pipeline.P_MD}
@@ -163,7 +169,7 @@ def test_a_transfer_in_flight_makes_the_next_small_request_relay(pdd, colocated)
     first.start()
     try:
         time.sleep(0.3)
-        small = [rng.randrange(10, 4000) for _ in range(40)]
+        small = [rng.randrange(10, 4000) for _ in range(8)]
         assert stream(pdd, small, 8, "behind") == reference_output(colocated, small, 8)
     finally:
         first.join(120)

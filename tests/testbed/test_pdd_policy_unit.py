@@ -126,6 +126,33 @@ def test_a_next_turn_waits_for_its_previous_turn_to_settle_on_md():
     asyncio.run(two_turns())
 
 
+def test_a_next_turn_stops_waiting_for_a_slow_settle_after_turn_wait_s():
+    """A settle stuck behind a busy WAN must not stall the session: past turn_wait_s the
+    next turn goes on (routed on what the mirror knows), while the settle runs on."""
+    import asyncio
+
+    from protocol.records import RequestRecord
+    from testbed.router.after import AfterRequest
+    from testbed.router.mirror import PrefixMirror
+
+    async def two_turns():
+        after = AfterRequest(PddConfig(turn_wait_s=0.05), PrefixMirror(), None)
+        first = await after.before("s")
+        record = RequestRecord(
+            request_id="r", system="pdd", endpoint="/generate", arrival=0, session_id="s"
+        )
+        settle = asyncio.create_task(asyncio.sleep(5))
+        after.settling[id(record)] = settle
+        after.after(None, {}, record, first)
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(after.before("s"), 1.0)
+        waited = asyncio.get_running_loop().time() - started
+        assert 0.04 <= waited < 1.0 and not settle.done()
+        settle.cancel()
+
+    asyncio.run(two_turns())
+
+
 def test_a_transfer_in_flight_pushes_the_next_request_to_relay_decode():
     """Queue-aware: 100 uncached tokens alone go P->MD, behind 10 MB they are relayed."""
     p = policy(direct_wan_bound_s=0.1)
@@ -133,7 +160,8 @@ def test_a_transfer_in_flight_pushes_the_next_request_to_relay_decode():
     p.wan.start(room=1, nbytes=10_000_000)
     route = p.choose(body(100, start=5000), Loads())
     assert route.pipeline == Pipeline.P_RLD_MD and route.wan.queued_bytes >= 9_000_000
-    assert "behind" in route.reason and route.predicted_wan_s > 0.8
+    # its share of the line, and slow start with every round trip behind the 1.5 MB queue
+    assert "behind" in route.reason and route.predicted_wan_s > 0.5
 
 
 def test_an_overloaded_relay_decode_sends_the_request_where_ttft_is_lower():

@@ -1,12 +1,13 @@
-"""The WAN line the router predicts transfers on (no servers): queued bytes count, the
-backlog drains, and the goodput average follows a changed rate."""
+"""The WAN line the router predicts transfers on (no servers): transfers on the line
+share it, the backlog drains, a standing queue stretches slow start, and the goodput
+average follows a changed rate."""
 
 from __future__ import annotations
 
 import pytest
 
 from protocol.records import TransferRecord
-from testbed.router.wan import WanLine
+from testbed.router.wan import WanLine, slow_start_s
 
 MB = 1_000_000
 
@@ -33,19 +34,55 @@ def settled(room: int, nbytes: int, seconds: float, status: str = "success") -> 
     )
 
 
+def test_slow_start_costs_round_trips_until_the_window_fills_the_pipe():
+    rate, rtt = 10 * MB, 0.02  # a pipe of 200 KB
+    assert slow_start_s(10_000, rate, rtt) == 0  # within the first window: no extra round
+    assert slow_start_s(100 * MB, rate, rtt) == slow_start_s(MB, rate, rtt)  # only the ramp
+    assert 2 * rtt < slow_start_s(MB, rate, rtt) < 4 * rtt  # 4 windows of 14.5-116 KB
+    assert slow_start_s(MB, rate, 0.0) == 0
+
+
 def test_bytes_already_on_the_line_count_in_the_next_prediction():
     clock = Clock()
     line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.01, clock=clock)
+    ramp = slow_start_s(MB, 10 * MB, 0.02)
     alone = line.predict(1 * MB)
-    assert alone.queued_bytes == 0 and alone.seconds == pytest.approx(0.1 + 0.01)
+    assert alone.queued_bytes == 0 and alone.seconds == pytest.approx(0.01 + ramp + 0.1)
     line.start(room=1, nbytes=20 * MB)  # a large transfer goes first
     behind = line.predict(1 * MB)
     assert behind.queued_bytes == 20 * MB
-    assert behind.seconds == pytest.approx(2.1 + 0.01)
+    # The two share the line: the small one pays for its share, not for the whole backlog.
+    assert behind.seconds == pytest.approx(0.01 + ramp + 0.2)
     clock.now += 1.0  # half of it has drained since
     assert line.predict(1 * MB).queued_bytes == pytest.approx(10 * MB, rel=1e-6)
     clock.now += 5.0  # drained entirely, even before its log line arrives
     assert line.predict(1 * MB).queued_bytes == 0
+
+
+def test_transfers_share_the_line_and_drain_together():
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, clock=clock)
+    line.start(1, 2 * MB)
+    line.start(2, 20 * MB)
+    clock.now += 0.4  # 5 MB/s each: the small one is done, the large one has 18 MB left
+    assert line.backlog() == pytest.approx(18 * MB, rel=1e-6)
+    clock.now += 0.9  # alone now, at the full rate
+    assert line.backlog() == pytest.approx(9 * MB, rel=1e-6)
+
+
+def test_a_standing_queue_stretches_a_small_transfers_round_trips():
+    """A large transfer keeps the rate limiter's queue full: every round trip of a
+    small transfer's slow start waits behind it."""
+    clock = Clock()
+    shallow = WanLine(rate_bytes_s=10 * MB, one_way_s=0.01, queue_bytes=0, clock=clock)
+    deep = WanLine(rate_bytes_s=10 * MB, one_way_s=0.01, queue_bytes=MB, clock=clock)
+    for line in (shallow, deep):
+        line.start(1, 50 * MB)
+    small = 200_000
+    extra = deep.predict(small).seconds - shallow.predict(small).seconds
+    queued_rtt = 0.02 + MB / (10 * MB)  # the queue adds 100 ms to each round trip
+    expected = slow_start_s(small, 10 * MB, queued_rtt) - slow_start_s(small, 10 * MB, 0.02)
+    assert extra == pytest.approx(expected) and extra > 0.2
 
 
 def test_a_settled_transfer_leaves_the_backlog():
