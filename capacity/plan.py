@@ -42,7 +42,7 @@ from protocol.names import Role
 class PlanSpec(BaseModel):
     """``plan:`` in a scenario."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     target_rps: float = Field(50.0, gt=0, description="Offered load every design is sized for.")
     chunk_tokens: int = Field(8192, ge=1, description="Prefill chunk batched across requests.")

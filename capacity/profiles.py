@@ -14,7 +14,7 @@ PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 
 
 class DeviceProfile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     peak_tflops: float = Field(..., gt=0, description="Dense BF16 peak per chip.")
     memory_gb: float = Field(..., gt=0)
@@ -29,7 +29,7 @@ class DeviceProfile(BaseModel):
 
 
 class ModelProfile(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     parameters_b: float = Field(..., gt=0)
     active_parameters_b: float = Field(..., gt=0)

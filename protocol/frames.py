@@ -15,7 +15,7 @@ import struct
 MAGIC = b"PDKV"
 VERSION = 1
 HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, reserved, room, body length
-MAX_BODY = 1 << 30
+MAX_BODY = 1 << 30  # no frame is larger, whatever its type
 
 
 class MsgType(enum.IntEnum):
@@ -33,6 +33,24 @@ class MsgType(enum.IntEnum):
     RELEASE = 11  # router → MD: relay decode finished the request; drop it
 
 
+SMALL = 4 << 10
+# The largest body each type may carry: a peer's 20-byte header never makes the other
+# side allocate more than this (KV chunks: the receiver passes its own, tighter, bound).
+BODY_LIMITS: dict[MsgType, int] = {
+    MsgType.TRANSFER_REQUEST: 64 << 20,
+    MsgType.KV_CHUNK: MAX_BODY,
+    MsgType.AUX: 1 << 20,
+    MsgType.DONE: SMALL,
+    MsgType.ACK: SMALL,
+    MsgType.FAILURE: 64 << 10,
+    MsgType.WATCH: SMALL,
+    MsgType.READY: SMALL,
+    MsgType.HANDOFF: 64 << 20,
+    MsgType.EXTENDED: SMALL,
+    MsgType.RELEASE: 64 << 10,
+}
+
+
 class ProtocolError(ConnectionError):
     """The peer sent something that is not a valid frame."""
 
@@ -41,19 +59,24 @@ def header(kind: MsgType, room: int, length: int) -> bytes:
     return HEADER.pack(MAGIC, VERSION, kind, 0, room, length)
 
 
-def parse_header(data: bytes | bytearray) -> tuple[MsgType, int, int]:
-    """(type, room, body length) of a frame header; ProtocolError if it is not one."""
+def parse_header(
+    data: bytes | bytearray, limits: dict[MsgType, int] | None = None
+) -> tuple[MsgType, int, int]:
+    """(type, room, body length) of a frame header; ProtocolError if it is not one, or
+    if its body would exceed its type's limit (``limits`` overrides ``BODY_LIMITS``)."""
     magic, version, kind, _, room, length = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}: not a pdd-testbed KV transfer peer")
     if version != VERSION:
         raise ProtocolError(f"protocol version {version}, this side speaks {VERSION}")
-    if length > MAX_BODY:
-        raise ProtocolError(f"frame of {length} bytes exceeds the {MAX_BODY} limit")
     try:
-        return MsgType(kind), room, length
+        kind = MsgType(kind)
     except ValueError as exc:
         raise ProtocolError(f"unknown message type {kind}") from exc
+    cap = min(MAX_BODY, (limits or {}).get(kind, BODY_LIMITS[kind]))
+    if length > cap:
+        raise ProtocolError(f"{kind.name} frame of {length} bytes exceeds its {cap}-byte limit")
+    return kind, room, length
 
 
 def frame_size(body_bytes: int) -> int:
@@ -84,9 +107,11 @@ def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> by
     return buf
 
 
-def recv_frame(sock: socket.socket, on_header=None) -> tuple[MsgType, int, bytearray]:
+def recv_frame(
+    sock: socket.socket, on_header=None, limits: dict[MsgType, int] | None = None
+) -> tuple[MsgType, int, bytearray]:
     """Read one frame; ``on_header(kind)`` runs once the header is in, before the body."""
-    kind, room, length = parse_header(recv_exact(sock, HEADER.size))
+    kind, room, length = parse_header(recv_exact(sock, HEADER.size), limits)
     if on_header is not None:
         on_header(kind)
     return kind, room, recv_exact(sock, length)

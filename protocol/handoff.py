@@ -25,6 +25,8 @@ class Handoff:
 
     @classmethod
     def decode(cls, body: bytes) -> Handoff:
+        if not body or (len(body) - 1) % 4 or body[0] & ~FINAL:
+            raise ValueError(f"a handoff body of {len(body)} bytes is not flag + 4-byte ids")
         ids = np.frombuffer(body, dtype=">u4", offset=1)
         return cls(tuple(int(t) for t in ids), bool(body[0] & FINAL))
 

@@ -32,6 +32,19 @@ class TransferRequest:
         return cls(prefix, aux, digest, pages.astype(np.int32))
 
 
+MAX_FRAME_BYTES = 8 << 20  # a KV chunk's payload: bounds memory per frame, shows progress
+
+
+def rows_per_chunk(bytes_per_row: int) -> int:
+    """Pages per KV chunk (one at least, however large a page is)."""
+    return max(1, MAX_FRAME_BYTES // bytes_per_row)
+
+
+def max_chunk_body(bytes_per_row: int) -> int:
+    """The largest KV_CHUNK body a sender with this page size sends."""
+    return KvChunkHeader.size + rows_per_chunk(bytes_per_row) * bytes_per_row
+
+
 @dataclass(frozen=True)
 class KvChunkHeader:
     """Pages ``[first, first + count)`` of the transfer's page list; payload follows."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
@@ -166,6 +167,18 @@ class PassRecord:
 
 # Which record a line of a server's transfer log is, by its ``side``.
 TRANSFER_LOG_SIDES = {"prefill": TransferRecord, "decode": TransferRecord, "handoff": HandoffRecord}
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write a result file whole or not at all: a temporary file beside it, renamed
+    over it (a reader never sees half a file, a crash leaves no truncated one)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if isinstance(data, str):
+        tmp.write_text(data)
+    else:
+        tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 class JsonlWriter:

@@ -18,9 +18,14 @@ class StreamError(RuntimeError):
     """The server reported an error inside the stream."""
 
 
-def error_event(message: str) -> bytes:
+def error_body(message: str, status: int, kind: str = "server_error") -> dict:
+    """An error as OpenAI-compatible servers (SGLang's included) answer it."""
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def error_event(message: str, status: int = 502, kind: str = "upstream_error") -> bytes:
     """An SSE line that tells a client the stream ended in an error."""
-    return f"data: {json.dumps({'error': message})}\n\n".encode()
+    return f"data: {json.dumps(error_body(message, status, kind))}\n\n".encode()
 
 
 def new_output_ids(data: dict, have: int) -> list[int]:
@@ -59,7 +64,12 @@ class Chunk:
 
     @property
     def error(self) -> str | None:
-        return str(self.data["error"])[:500] if self.data and "error" in self.data else None
+        if not self.data or "error" not in self.data:
+            return None
+        error = self.data["error"]
+        if isinstance(error, dict) and "message" in error:
+            error = error["message"]
+        return str(error)[:500]
 
     @property
     def finished(self) -> bool:

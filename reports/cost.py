@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class CostTable(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     accelerators: dict[str, float] = Field(..., description="Price per accelerator-hour by type.")
     wan_line: float = Field(0.0, ge=0, description="Price per hour of one cross-site line.")
@@ -27,7 +27,7 @@ class CostTable(BaseModel):
 class Hardware(BaseModel):
     """What a system costs: accelerators per type, and WAN lines."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     accelerators: dict[str, int]
     wan_lines: int = 0

@@ -9,7 +9,8 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from reports import hetero, plots, ttft
+from protocol.records import write_atomic
+from reports import hetero, plots, summary, ttft
 from reports.run_data import RunData, load_run
 from reports.tables import all_tables, sweep_table
 from reports.targets import targets
@@ -83,9 +84,11 @@ def build(run: RunData) -> str:
 
 
 def write_report(run_dir: Path) -> Path:
+    """report.html, with summary.json and summary.csv beside it."""
     run = load_run(run_dir)
     out = Path(run_dir) / "report.html"
-    out.write_text(build(run))
+    write_atomic(out, build(run))
+    summary.write(run)
     return out
 
 
@@ -132,7 +135,7 @@ def write_sweep_report(run_dir: Path) -> Path:
         bathtub_plot=bathtub_plot,
     )
     out = run_dir / "sweep.html"
-    out.write_text(html)
+    write_atomic(out, html)
     return out
 
 

@@ -55,7 +55,9 @@ def write_parquet(system_dir: Path) -> Path:
     """records.jsonl → records.parquet (the raw per-request data a report reads)."""
     frame = records_frame(system_dir)
     path = system_dir / "records.parquet"
-    frame.to_parquet(path, index=False)
+    tmp = path.with_name(".records.parquet.tmp")
+    frame.to_parquet(tmp, index=False)
+    tmp.replace(path)  # whole or not at all
     return path
 
 
@@ -68,8 +70,8 @@ def load_run(run_dir: Path) -> RunData:
     systems = {}
     for name in scenario.get("systems", []):
         d = run_dir / name
-        if not (d / "manifest.json").exists() or (d / "INCOMPLETE").exists():
-            continue  # a system that did not run, or was cut short (see the bench log)
+        if not (d / "COMPLETE").exists() or (d / "INCOMPLETE").exists():
+            continue  # a system that did not run, failed or was cut short (see INCOMPLETE)
         transfers, pacing = _server_logs(d, "transfers"), _server_logs(d, "pacing")
         systems[name] = SystemRun(
             name=name,

@@ -16,7 +16,7 @@ from protocol.records import RequestRecord
 
 
 class SLA(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     ttft_s: float = Field(..., gt=0, description="Time to first token bound (s).")
     itl_s: float = Field(..., gt=0, description="Inter-token latency bound (s).")

@@ -11,6 +11,7 @@ from rich.console import Console
 
 from testbed import model as model_mod
 from testbed.net_cli import net_app
+from testbed.run_dirs import new_run_dir
 from testbed.server import ROLES, ServerError, ServerSpec, SGLangServer
 from testbed.workload_cli import load, trace_app
 
@@ -150,7 +151,7 @@ def up(
             servers = sc.servers.model_copy(update={"decode_radix_cache": decode_radix_cache})
             sc = sc.model_copy(update={"servers": servers})
         system = system or sc.systems[0]
-        run_dir = run_dir or Path("runs") / time.strftime(f"{sc.name}-{system}-%Y%m%d-%H%M%S")
+        run_dir = run_dir or new_run_dir(Path("runs"), f"{sc.name}-{system}")
         console.print(f"bringing up {system} from scenario {sc.name} (logs in {run_dir}) ...")
         deployment = Deployment(sc, system, run_dir, name).up()
     except (ScenarioError, NetworkError, ServerError, ValueError) as exc:

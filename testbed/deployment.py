@@ -34,7 +34,9 @@ from protocol.names import Role
 from testbed import cpu_share
 from testbed.dilation import for_testbed, pacing_env, record
 from testbed.model import describe as describe_model
+from testbed.model import serving_limits
 from testbed.router.config import RouterConfig, ServerEntry
+from testbed.router.validate import RequestLimits
 from testbed.scenario import Scenario
 from testbed.server import ServerError, ServerSpec, SGLangServer
 from testbed.systems import SystemSpec, get_system
@@ -109,6 +111,18 @@ class Deployment:
             list(pool.map(lambda s: s.server.stop(), self.servers))
         self.net.down()
         self._unpin_testbed()
+
+    def problems(self) -> list[str]:
+        """Servers, the router or link emulators that died since ``up``: each named,
+        with the end of its log."""
+        found = [
+            f"server {s.name} died:\n{s.server.log_tail(8)}"
+            for s in self.servers
+            if not s.server.alive()
+        ]
+        if self.router is not None and not self.router.alive():
+            found.append(f"the router died:\n{self.router.log()[-1500:]}")
+        return found + self.net.problems()
 
     def _write_cpu_shares(self) -> None:
         """cpu.json: each process's CPU seconds and share, the testbed's own beside the
@@ -204,9 +218,20 @@ class Deployment:
             update={
                 "wan_rate_mbit": wan.rate_mbit,
                 "wan_one_way_s": wan.delay_ms / 1000,
-                "wan_queue_packets": wan.queue_packets,
                 "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
             }
+        )
+
+    def _request_limits(self) -> RequestLimits:
+        """What the router lets through: ids within the vocabulary, prompt and output
+        within the context (and the KV pool), the model's names."""
+        model = self.scenario.model.resolve()
+        vocab, context = serving_limits(model)
+        pool = self.scenario.servers.max_total_tokens
+        return RequestLimits(
+            vocab_size=vocab,
+            context_tokens=min(context or pool, pool),
+            served_models=(str(model), model.name, "default"),
         )
 
     def _start_router(self) -> None:
@@ -232,6 +257,7 @@ class Deployment:
             host=self.net.address(self.router_host),
             port=cfg.router_port,
             pdd=self._pdd_config(),
+            limits=self._request_limits(),
         )
         path = self.run_dir / "router.json"
         path.write_text(config.model_dump_json(indent=2))

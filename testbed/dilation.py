@@ -29,7 +29,7 @@ from protocol.env import Env
 class EmulationSpec(BaseModel):
     """``emulation:`` in a scenario."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     model: str = Field(..., description="Target model (profiles/models.yaml).")
     chips_per_server: int = Field(8, ge=1, description="Chips each server stands for.")

@@ -181,3 +181,9 @@ def describe(model_dir: Path) -> dict:
         * DTYPE_BYTES.get(dtype, 2),
         "vocab_size": config.get("vocab_size"),
     }
+
+
+def serving_limits(model_dir: Path) -> tuple[int | None, int | None]:
+    """The vocabulary size and context length a model directory's config declares."""
+    config = json.loads((model_dir / "config.json").read_text())
+    return config.get("vocab_size"), config.get("max_position_embeddings")

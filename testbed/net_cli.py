@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario, ScenarioError
 from topologies.emulation import EmulationError
 from topologies.netns import NetworkError
@@ -155,7 +155,7 @@ def net_bench(
         if quick
         else (fidelity.RATES_MBIT, fidelity.DELAYS_MS, fidelity.LOSSES_PCT)
     )
-    path = out / time.strftime("bench-net-%Y%m%d-%H%M%S") / "fidelity.csv"
+    path = new_run_dir(out, "bench-net") / "fidelity.csv"
 
     def show(row):
         mark = "ok" if row["ok"] else "OUT"

@@ -36,7 +36,7 @@ class ScenarioError(ValueError):
 class ModelSpec(BaseModel):
     """Either a model directory, or the shape of a tiny model to build."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     path: Path | None = Field(None, description="A Hugging Face model directory.")
     shape: dict = Field(default_factory=dict, description="ModelShape overrides (tiny model).")
@@ -54,7 +54,7 @@ class ModelSpec(BaseModel):
 class ServersSpec(BaseModel):
     """How every SGLang server of the scenario is launched."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     max_total_tokens: int = Field(65536, gt=0, description="KV pool size per server (tokens).")
     mem_fraction_static: float = Field(
@@ -64,9 +64,15 @@ class ServersSpec(BaseModel):
     kv_idle_timeout_s: float = Field(
         30.0, gt=0, description="A stalled KV transfer fails after this."
     )
-    port: int = Field(30000, description="HTTP port of every server (each has its own host).")
-    bootstrap_port: int = Field(8998, description="Prefill servers' KV transfer port.")
-    router_port: int = Field(8000, description="The router's port on the router host.")
+    port: int = Field(
+        30000, ge=1, le=65535, description="HTTP port of every server (each has its own host)."
+    )
+    bootstrap_port: int = Field(
+        8998, ge=1, le=65535, description="Prefill servers' KV transfer port."
+    )
+    router_port: int = Field(
+        8000, ge=1, le=65535, description="The router's port on the router host."
+    )
     startup_timeout_s: float = Field(300.0, gt=0)
     extra_args: list[str] = Field(
         default_factory=list, description="More sglang.launch_server flags."
@@ -96,7 +102,7 @@ class ServersSpec(BaseModel):
 class WorkloadSpec(BaseModel):
     """What the clients send: a trace file, or the agentic generator's settings."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     trace: Path | None = Field(None, description="A trace file (pdd, mooncake, azure, tracelab).")
     format: str = Field("auto", description="Trace format, or auto.")
@@ -163,7 +169,7 @@ class WorkloadSpec(BaseModel):
 class CostSpec(BaseModel):
     """Prices, and which accelerator each site's servers stand for."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     table: CostTable = Field(
         default_factory=lambda: CostTable(
@@ -188,7 +194,7 @@ class CostSpec(BaseModel):
 
 
 class Scenario(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(..., description="Short name, used for run directories.")
     description: str = Field("", description="What the scenario shows.")
@@ -223,6 +229,28 @@ class Scenario(BaseModel):
         description="Bench every combination of these values: dotted scenario field → "
         "values, e.g. network.wan.rate_mbit: [25, 100]. Each point is a full scenario.",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_path_part(cls, v: str) -> str:
+        from testbed.run_dirs import check_name
+
+        return check_name(v, "name")
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> Scenario:
+        ports = {
+            "servers.port": self.servers.port,
+            "servers.bootstrap_port": self.servers.bootstrap_port,
+            "servers.router_port": self.servers.router_port,
+            "pdd.handoff_port": self.pdd.handoff_port,
+        }
+        seen: dict[int, str] = {}
+        for field_name, port in ports.items():
+            if port in seen:
+                raise ValueError(f"{field_name} and {seen[port]} are both port {port}")
+            seen[port] = field_name
+        return self
 
     @model_validator(mode="after")
     def _emulation_profiles_exist(self) -> Scenario:

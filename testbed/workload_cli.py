@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+from testbed.run_dirs import new_run_dir
 
 trace_app = typer.Typer(help="Inspect and generate request traces.", no_args_is_help=True)
 console = Console()
@@ -23,7 +24,9 @@ def trace_stats(
         ..., help="Trace file (pdd JSONL/parquet, mooncake, azure, tracelab)."
     ),
     fmt: str = typer.Option("auto", "--format", help="Trace format, or auto."),
-    cache_blocks: int = typer.Option(None, help="Also analyse an LRU cache of this many blocks."),
+    cache_blocks: int = typer.Option(
+        None, min=1, help="Also analyse an LRU cache of this many blocks."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Hit ratios (infinite and LRU cache), the seven hit bins, length percentiles."""
@@ -136,7 +139,7 @@ def load(
     try:
         sc = Scenario.load(scenario)
         net = Network(sc.network, name).attach()
-        out = out or Path("runs") / time.strftime("load-%Y%m%d-%H%M%S")
+        out = out or new_run_dir(Path("runs"), "load")
         out.mkdir(parents=True, exist_ok=True)
         trace = sc.workload.materialize(out)
         router = f"http://{net.address(net.hosts_with_role('router')[0])}:{sc.servers.router_port}"

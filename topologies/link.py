@@ -16,7 +16,7 @@ class LinkSpec(BaseModel):
     delay, jitter and loss apply per direction (RTT = 2 × delay).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     rate_mbit: float | None = Field(
         None, gt=0, description="Rate limit per direction (Mbit/s); none = unshaped."

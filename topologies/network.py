@@ -158,6 +158,16 @@ class Network:
         self.down()
 
     # ---- changing the WAN while it runs -------------------------------------------
+    def problems(self) -> list[str]:
+        """What no longer holds of the emulation: a link daemon (delayd) that died.
+        A benchmark over such a link measures something else, so callers stop."""
+        dead = []
+        for link in self.applied:
+            for pid in link.daemon_pids:
+                if not _alive(pid):
+                    dead.append(f"link {link.name}: its {link.backend} daemon (pid {pid}) died")
+        return dead
+
     def _wan_ends(self) -> list[tuple[str, str]]:
         return [
             (self.ns(info[f"node{i}"]), f"eth{info[f'port{i}']}")

@@ -22,7 +22,7 @@ HOST_OFFSET = 10  # first host address in a site is .10; the gateway is .1
 class SiteSpec(BaseModel):
     """One datacenter: a LAN with hosts per role."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str = Field(..., pattern=r"^[A-Z]$", description="One capital letter: A, B.")
     roles: dict[str, int] = Field(default_factory=dict, description="Hosts per role.")

@@ -9,9 +9,11 @@ from topologies.link import LinkSpec
 from topologies.site import ROLES
 from topologies.topo import TOPOLOGIES, SiteTopo, build_topo
 
+MAX_HOSTS_PER_ROLE = 16
+
 
 class NetworkSpec(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     topology: str = Field("two_site", description=f"One of {', '.join(TOPOLOGIES)}.")
     hosts: dict[str, int] = Field(
@@ -55,9 +57,14 @@ class NetworkSpec(BaseModel):
     @field_validator("hosts")
     @classmethod
     def _known_roles(cls, v: dict[str, int]) -> dict[str, int]:
-        for role in v:
+        for role, count in v.items():
             if role not in ROLES:
                 raise ValueError(f"unknown role {role!r}; roles are {', '.join(ROLES)}")
+            if not 0 <= count <= MAX_HOSTS_PER_ROLE:
+                raise ValueError(
+                    f"hosts.{role}: {count} hosts; 0 to {MAX_HOSTS_PER_ROLE} per role "
+                    "(each is a namespace with its own processes)"
+                )
         return v
 
     def topo(self) -> SiteTopo:

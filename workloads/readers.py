@@ -16,59 +16,88 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from workloads.trace import Request, Trace
+from workloads.trace import Request, Trace, TraceError, parse_lines
 
 MOONCAKE_BLOCK = 512
 
 
 def read_mooncake(path: Path) -> Trace:
-    requests = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            d = json.loads(line)
-            requests.append(
-                Request(
-                    request_id=f"r{i}",
-                    session_id=f"r{i}",
-                    turn=0,
-                    hash_ids=tuple(d["hash_ids"]),
-                    input_length=int(d["input_length"]),
-                    output_length=max(1, int(d["output_length"])),
-                    arrival_s=d["timestamp"] / 1000.0,
-                )
-            )
-    return Trace(
-        Path(path).stem, MOONCAKE_BLOCK, requests, {"source": "mooncake", "path": str(path)}
-    )
+    def parse(d: dict, number: int) -> Request:
+        return Request(
+            request_id=f"r{number}",
+            session_id=f"r{number}",
+            turn=0,
+            hash_ids=_block_ids(d["hash_ids"]),
+            input_length=_count(d["input_length"], "input_length"),
+            output_length=max(1, _count(d["output_length"], "output_length")),
+            arrival_s=_number(d["timestamp"], "timestamp") / 1000.0,
+        )
+
+    requests = parse_lines(path, parse)
+    return _trace(path, MOONCAKE_BLOCK, requests, "mooncake")
+
+
+def _trace(path: Path, block: int, requests: list[Request], source: str) -> Trace:
+    if not requests:
+        raise TraceError(f"{path}: the trace holds no requests")
+    return Trace(Path(path).stem, block, requests, {"source": source, "path": str(path)})
+
+
+def _count(value, name: str) -> int:
+    """A token count: a non-negative integer (a whole float such as 12.0 too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
+        raise TraceError(f"{name} must be an integer, got {value!r}")
+    if value < 0:
+        raise TraceError(f"{name} must be >= 0, got {value!r}")
+    return int(value)
+
+
+def _number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TraceError(f"{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _block_ids(value) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise TraceError(f"hash_ids must be a non-empty list of block ids, got {value!r}")
+    return tuple(value)
 
 
 def read_azure(path: Path, block_tokens: int = 512) -> Trace:
     requests, next_block, start = [], 0, None
     with open(path, newline="") as f:
-        for i, row in enumerate(csv.DictReader(f)):
-            t = _azure_time(row["TIMESTAMP"])
+        for number, row in enumerate(csv.DictReader(f), 2):
+            try:
+                t = _azure_time(row["TIMESTAMP"])
+                length = _count(int(row["ContextTokens"]), "ContextTokens")
+                out = _count(int(row["GeneratedTokens"]), "GeneratedTokens")
+            except (KeyError, TypeError, ValueError) as exc:
+                what = f"missing column {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise TraceError(f"{path}:{number}: {what}") from None
             start = t if start is None else start
-            length = int(row["ContextTokens"])
             blocks = -(-length // block_tokens)
-            requests.append(
-                Request(
-                    request_id=f"r{i}",
-                    session_id=f"r{i}",
-                    turn=0,
-                    hash_ids=tuple(range(next_block, next_block + blocks)),
-                    input_length=length,
-                    output_length=max(1, int(row["GeneratedTokens"])),
-                    arrival_s=t - start,
+            try:
+                requests.append(
+                    Request(
+                        request_id=f"r{number}",
+                        session_id=f"r{number}",
+                        turn=0,
+                        hash_ids=tuple(range(next_block, next_block + blocks)),
+                        input_length=length,
+                        output_length=max(1, out),
+                        arrival_s=t - start,
+                    )
                 )
-            )
+            except ValueError as exc:
+                raise TraceError(f"{path}:{number}: {exc}") from None
             next_block += blocks
-    return Trace(Path(path).stem, block_tokens, requests, {"source": "azure", "path": str(path)})
+    return _trace(path, block_tokens, requests, "azure")
 
 
 def _azure_time(text: str) -> float:
@@ -78,39 +107,46 @@ def _azure_time(text: str) -> float:
 
 
 def read_tracelab(path: Path, block_tokens: int = 64) -> Trace:
-    with open(path) as f:
-        steps = [json.loads(line) for line in f if line.strip()]
+    steps = parse_lines(path, lambda d, number: {**d, "_line": number})
     by_session: dict[str, list[dict]] = {}
     for s in steps:
-        by_session.setdefault(s["session_id"], []).append(s)
+        by_session.setdefault(str(s.get("session_id")), []).append(s)
     requests, next_block = [], 0
     for session, rounds in by_session.items():
-        rounds.sort(key=lambda s: s["round_index"])
+        try:
+            rounds.sort(key=lambda s: _count(s["round_index"], "round_index"))
+        except (KeyError, TraceError) as exc:
+            raise TraceError(f"{path}: session {session}: {exc}") from None
         blocks: list[int] = []
         prev_end = None
         for s in rounds:
-            total, prefix = int(s["input_tokens_total"]), int(s["prefix_tokens"] or 0)
-            keep = min(len(blocks), prefix // block_tokens)
-            need = -(-total // block_tokens) - keep
-            blocks = blocks[:keep] + list(range(next_block, next_block + need))
-            next_block += need
-            times = sorted(
-                _iso(e["timestamp"]) for e in s.get("timing_events", []) if e.get("timestamp")
-            )
-            think = None if prev_end is None or not times else max(0.0, times[0] - prev_end)
-            prev_end = times[-1] if times else prev_end
-            requests.append(
-                Request(
-                    request_id=s.get("round_id") or f"{session}:{s['round_index']}",
-                    session_id=session,
-                    turn=int(s["round_index"]),
-                    hash_ids=tuple(blocks),
-                    input_length=total,
-                    output_length=max(1, int(s["output_tokens"] or 1)),
-                    think_time_s=think,
+            try:
+                total = _count(s["input_tokens_total"], "input_tokens_total")
+                prefix = _count(s["prefix_tokens"] or 0, "prefix_tokens")
+                keep = min(len(blocks), prefix // block_tokens)
+                need = -(-total // block_tokens) - keep
+                blocks = blocks[:keep] + list(range(next_block, next_block + need))
+                next_block += need
+                times = sorted(
+                    _iso(e["timestamp"]) for e in s.get("timing_events") or [] if e.get("timestamp")
                 )
-            )
-    return Trace(Path(path).stem, block_tokens, requests, {"source": "tracelab", "path": str(path)})
+                think = None if prev_end is None or not times else max(0.0, times[0] - prev_end)
+                prev_end = times[-1] if times else prev_end
+                requests.append(
+                    Request(
+                        request_id=str(s.get("round_id") or f"{session}:{s['round_index']}"),
+                        session_id=session,
+                        turn=int(s["round_index"]),
+                        hash_ids=tuple(blocks),
+                        input_length=total,
+                        output_length=max(1, _count(s["output_tokens"] or 1, "output_tokens")),
+                        think_time_s=think,
+                    )
+                )
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise TraceError(f"{path}:{s['_line']}: {what}") from None
+    return _trace(path, block_tokens, requests, "tracelab")
 
 
 def _iso(text: str) -> float:
@@ -145,11 +181,19 @@ def guess_format(path: Path) -> str:
     if path.suffix == ".csv":
         return "azure"
     with open(path) as f:
-        first = json.loads(f.readline())
+        line = next((x for x in f if x.strip()), None)
+    if line is None:
+        raise TraceError(f"{path}: empty file")
+    try:
+        first = json.loads(line)
+    except json.JSONDecodeError:
+        raise TraceError(f"{path}: the first line is not JSON; pass --format") from None
+    if not isinstance(first, dict):
+        raise TraceError(f"{path}: the first line is not a JSON object")
     if "trace" in first:
         return "pdd"
     if "hash_ids" in first:
         return "mooncake"
     if "input_tokens_total" in first:
         return "tracelab"
-    raise ValueError(f"{path}: cannot tell the trace format; pass --format")
+    raise TraceError(f"{path}: cannot tell the trace format; pass --format")

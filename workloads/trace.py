@@ -16,11 +16,37 @@ Parquet holds the same columns, the header in the file's key-value metadata.
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 SCHEMA_VERSION = 1
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed as it is: says which file, line and field."""
+
+
+def parse_lines(path: Path, parse) -> list:
+    """``parse(line_dict, index)`` for every non-blank JSON line of ``path``; any error
+    becomes a :class:`TraceError` naming the file and line. An empty result is one too."""
+    out = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                if not isinstance(data, dict):
+                    raise TraceError("expected a JSON object")
+                item = parse(data, number)
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise TraceError(f"{path}:{number}: {what}") from None
+            if item is not None:
+                out.append(item)
+    return out
 
 
 @dataclass(frozen=True)
@@ -37,8 +63,27 @@ class Request:
     anomalous: bool = False  # very long input, very short output
 
     def __post_init__(self) -> None:
+        def bad(what: str) -> TraceError:
+            return TraceError(f"request {self.request_id!r}: {what}")
+
+        for name in ("input_length", "output_length", "turn"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise bad(f"{name} must be an integer, got {value!r}")
         if self.input_length < 1 or self.output_length < 1:
-            raise ValueError(f"{self.request_id}: input and output lengths must be >= 1")
+            raise bad("input and output lengths must be >= 1")
+        if self.turn < 0:
+            raise bad(f"turn must be >= 0, got {self.turn}")
+        for name in ("hash_ids", "output_hash_ids"):
+            ids = getattr(self, name)
+            if any(not isinstance(b, int) or isinstance(b, bool) for b in ids):
+                raise bad(f"{name} must be integers")
+        for name in ("arrival_s", "think_time_s"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise bad(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass
@@ -73,17 +118,35 @@ class Trace:
 
     @classmethod
     def from_jsonl(cls, path: Path) -> Trace:
-        with open(path) as f:
-            lines = [line for line in f if line.strip()]
-        if not lines or "trace" not in json.loads(lines[0]):
-            raise ValueError(f"{path}: not a pdd-testbed trace (no header line with 'trace')")
-        head = json.loads(lines[0])["trace"]
+        heads: list[dict] = []
+
+        def parse(d: dict, number: int):
+            if number == 1 or not heads:
+                if not isinstance(d.get("trace"), dict):
+                    raise TraceError("not a pdd-testbed trace (no header line with 'trace')")
+                heads.append(d["trace"])
+                return None
+            return _request(d)
+
+        requests = parse_lines(path, parse)
+        if not heads:
+            raise TraceError(f"{path}: empty file, not a pdd-testbed trace")
+        head = heads[0]
         if head.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(
+            raise TraceError(
                 f"{path}: schema version {head.get('schema_version')}, expected {SCHEMA_VERSION}"
             )
-        requests = [_request(json.loads(line)) for line in lines[1:]]
-        return cls(head["name"], head["block_tokens"], requests, head.get("metadata", {}))
+        return cls._checked(path, head, requests)
+
+    @classmethod
+    def _checked(cls, path: Path, head: dict, requests: list[Request]) -> Trace:
+        block = head.get("block_tokens")
+        if not isinstance(block, int) or block < 1:
+            raise TraceError(f"{path}: block_tokens must be a positive integer, got {block!r}")
+        if not requests:
+            raise TraceError(f"{path}: the trace holds no requests")
+        name = str(head.get("name", Path(path).stem))
+        return cls(name, block, requests, head.get("metadata", {}))
 
     # -- parquet --------------------------------------------------------------------
     def to_parquet(self, path: Path) -> None:
@@ -105,9 +168,17 @@ class Trace:
         import pyarrow.parquet as pq
 
         table = pq.read_table(path)
-        head = json.loads(table.schema.metadata[b"pdd_trace"])
-        requests = [_request(row) for row in table.to_pylist()]
-        return cls(head["name"], head["block_tokens"], requests, head.get("metadata", {}))
+        meta = table.schema.metadata or {}
+        if b"pdd_trace" not in meta:
+            raise TraceError(f"{path}: not a pdd-testbed trace (no pdd_trace metadata)")
+        head = json.loads(meta[b"pdd_trace"])
+        requests = []
+        for number, row in enumerate(table.to_pylist(), 1):
+            try:
+                requests.append(_request(row))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise TraceError(f"{path}: row {number}: {exc}") from None
+        return cls._checked(path, head, requests)
 
     @classmethod
     def load(cls, path: Path) -> Trace:
@@ -121,6 +192,14 @@ class Trace:
 
 def _request(d: dict) -> Request:
     d = dict(d)
-    d["hash_ids"] = tuple(d["hash_ids"])
-    d["output_hash_ids"] = tuple(d.get("output_hash_ids") or ())
+    d.setdefault("output_hash_ids", None)
+    d["output_hash_ids"] = d["output_hash_ids"] or ()
+    for name in ("hash_ids", "output_hash_ids"):
+        value = d[name]
+        if not isinstance(value, list | tuple) or (name == "hash_ids" and not value):
+            raise TraceError(f"{name} must be a list of block ids, got {value!r}")
+        d[name] = tuple(value)
+    known = {f.name for f in fields(Request)}
+    if unknown := set(d) - known:
+        raise TraceError(f"unknown fields {sorted(unknown)}")
     return Request(**d)

@@ -39,6 +39,9 @@ from protocol.handoff import Extended, Handoff, Ready
 from protocol.records import HandoffRecord, JsonlWriter
 from protocol.rooms import PARK_PREFIX
 
+MAX_CONNECTIONS = 512  # open router channels (one per relayed request in flight)
+FROM_ROUTER = {MsgType.WATCH, MsgType.HANDOFF, MsgType.RELEASE}
+
 logger = logging.getLogger("pdd.handoff")
 
 
@@ -63,6 +66,7 @@ class HandoffService:
         self.log = JsonlWriter(os.environ.get(Env.KV_TRANSFER_LOG))  # beside the transfers
         host = getattr(scheduler.server_args, "host", "0.0.0.0")
         self.listener = socket.create_server((host, port), backlog=128)
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
         threading.Thread(target=self._accept, name="pdd-handoff-accept", daemon=True).start()
         logger.info("handoff: main decode listening on %s:%d", host, port)
 
@@ -70,10 +74,17 @@ class HandoffService:
     def _accept(self) -> None:
         while True:
             try:
-                conn, _ = self.listener.accept()
+                conn, peer = self.listener.accept()
             except OSError:
                 return
+            if not self.connections.acquire(blocking=False):
+                logger.warning("handoff: %d connections open, refusing %s", MAX_CONNECTIONS, peer)
+                conn.close()
+                continue
             configure_socket(conn, 30.0)
+            # A router's channel is quiet between WATCH and HANDOFF, never longer than
+            # a parked request may wait; a peer silent past that is gone.
+            conn.settimeout(self.park_timeout + 30)
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn: socket.socket) -> None:
@@ -81,14 +92,23 @@ class HandoffService:
         try:
             while True:
                 kind, room, body = recv_frame(conn)
+                if kind not in FROM_ROUTER:
+                    raise ProtocolError(f"{kind.name} is not a message a router sends")
+                if kind == MsgType.WATCH and body:
+                    raise ProtocolError("a WATCH carries no body")
+                if kind == MsgType.HANDOFF:
+                    Handoff.decode(bytes(body))  # malformed: refused here, not in the scheduler
                 rooms.add(room)
                 self.commands.put((conn, kind, room, bytes(body), time.time()))
-        except (OSError, ProtocolError):
+        except Exception as exc:  # gone, silent or malformed: the connection ends
+            if not isinstance(exc, OSError):
+                logger.warning("handoff: closing a connection: %r", exc)
             # The router went away: its rooms' parked requests are of no use now.
             gone = b"router closed the connection"
             for room in rooms:
                 self.commands.put((None, MsgType.RELEASE, room, gone, time.time()))
             conn.close()
+            self.connections.release()
 
     # -- scheduler thread ---------------------------------------------------------------
     def park(self, reqs: list) -> list:

@@ -34,6 +34,7 @@ logger = logging.getLogger("pdd.kv_transfer")
 # per request on a long-RTT WAN). Prefill closes one idle this long; decode stops
 # reusing one at half of it.
 POOL_IDLE_S = 60.0
+MAX_CONNECTIONS = 512  # requests being read or parked on the prefill listener
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,12 @@ class TcpKVManager(BaseKVManager):
                 conn, addr = self._listener.accept()
             except OSError:
                 return
+            if self._open_connections() >= MAX_CONNECTIONS:
+                logger.warning(
+                    "tcp KV transfer: %d connections open, refusing %s", MAX_CONNECTIONS, addr
+                )
+                conn.close()
+                continue
             threading.Thread(
                 target=self._read_request,
                 args=(conn, f"{addr[0]}:{addr[1]}"),
@@ -155,6 +162,13 @@ class TcpKVManager(BaseKVManager):
                 daemon=True,
             ).start()
             self._expire_parked()
+
+    def _open_connections(self) -> int:
+        """Connections being read or parked (the threads reading requests count too)."""
+        with self._lock:
+            parked = sum(len(v) for v in self._incoming.values())
+        reading = sum(1 for t in threading.enumerate() if t.name == "pdd-kv-request")
+        return parked + reading
 
     def reuse_connection(self, conn: socket.socket, peer: str) -> None:
         """Prefill: after a finished transfer, wait on the same connection for the next."""
@@ -200,8 +214,8 @@ class TcpKVManager(BaseKVManager):
                 conn.close()
                 logger.error("room %d from %s: %s", room, peer, reason)
                 return
-        except (OSError, ProtocolError, ValueError) as exc:
-            logger.warning("tcp KV transfer: bad request from %s: %s", peer, exc)
+        except Exception as exc:  # anything malformed: refused, the listener lives on
+            logger.warning("tcp KV transfer: bad request from %s: %r", peer, exc)
             conn.close()
             return
         with self._lock:

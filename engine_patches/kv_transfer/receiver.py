@@ -26,7 +26,7 @@ from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVPoll
 from engine_patches.kv_transfer.manager import TcpKVManager
 from engine_patches.kv_transfer.sender import KVTransferError
 from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
-from protocol.kv import Done, KvChunkHeader, TransferRequest, crc32
+from protocol.kv import Done, KvChunkHeader, TransferRequest, crc32, max_chunk_body
 from protocol.records import TransferRecord
 
 logger = logging.getLogger("pdd.kv_transfer")
@@ -148,7 +148,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 f"KV transfer from {self.bootstrap_addr} stalled "
                 f"after {received}/{len(pages)} pages ({exc or 'timed out'})"
             )
-        except (OSError, ProtocolError, KVTransferError, ValueError) as exc:
+        except Exception as exc:  # malformed frames too: the transfer fails, never the thread
             received = progress["pages"]
             self._fail(
                 f"KV transfer from {self.bootstrap_addr} failed after "
@@ -187,14 +187,22 @@ class TcpKVReceiver(BaseKVReceiver):
             if kind == MsgType.KV_CHUNK and record.first_byte is None:
                 record.first_byte = time.time()
 
+        limits = {MsgType.KV_CHUNK: max_chunk_body(mgr.pool.bytes_per_row)}
         while True:
-            kind, _, body = recv_frame(sock, on_header=mark_first_byte)
+            kind, _, body = recv_frame(sock, on_header=mark_first_byte, limits=limits)
             sock.settimeout(timeouts.idle)
             record.wire_bytes += 20 + len(body)
             view = memoryview(body)
             if kind == MsgType.KV_CHUNK:
+                if len(view) < KvChunkHeader.size:
+                    raise ProtocolError(f"a KV chunk of {len(view)} bytes has no header")
                 head = KvChunkHeader.decode(view)
                 payload = view[KvChunkHeader.size :]
+                if len(payload) != head.count * mgr.pool.bytes_per_row:
+                    raise ProtocolError(
+                        f"a KV chunk of {head.count} pages carries {len(payload)} bytes, "
+                        f"not {head.count * mgr.pool.bytes_per_row}"
+                    )
                 if crc32([payload]) != head.crc32:
                     raise ProtocolError(f"checksum mismatch in pages {head.first}..")
                 if head.first + head.count > len(pages):

@@ -33,12 +33,11 @@ from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransfer
 
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
 from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame
-from protocol.kv import Done, KvChunkHeader, crc32
+from protocol.kv import Done, KvChunkHeader, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected
 
 logger = logging.getLogger("pdd.kv_transfer")
-MAX_FRAME_BYTES = 8 << 20  # bounds memory per frame and keeps progress visible
 
 
 class KVTransferError(RuntimeError):
@@ -138,7 +137,7 @@ class _Leg:
                 self.released = True
                 mgr.reuse_connection(conn, self.incoming.peer)
                 return
-        except (OSError, KVTransferError, ProtocolError) as exc:
+        except Exception as exc:  # a worker never dies silently: the transfer fails
             reason = str(exc) or type(exc).__name__
             if isinstance(exc, TimeoutError):
                 reason = f"transfer to {self.incoming.peer} stalled: {reason}"
@@ -146,7 +145,7 @@ class _Leg:
 
     def _send_pages(self, conn, pages: np.ndarray, first: int) -> int:
         pool = self.sender.kv_mgr.pool
-        per_frame = max(1, MAX_FRAME_BYTES // pool.bytes_per_row)
+        per_frame = rows_per_chunk(pool.bytes_per_row)
         for start in range(0, len(pages), per_frame):
             part = pages[start : start + per_frame]
             payload = [t.numpy() for t in pool.read(part)]

@@ -42,6 +42,7 @@ from protocol.records import (
     read_records,
 )
 from testbed.deployment import Deployment
+from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario
 from workloads.client import generate_payload
 
@@ -249,7 +250,7 @@ def run(
 ) -> Path:
     if "pdd" not in scenario.systems:
         raise BenchError(f"scenario {scenario.name} has no pdd system to hand off on")
-    run_dir = out / time.strftime(f"bench-handoff-{scenario.name}-%Y%m%d-%H%M%S")
+    run_dir = new_run_dir(out, f"bench-handoff-{scenario.name}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "scenario.json").write_text(scenario.model_dump_json(indent=2))
     wan = scenario.network.wan

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from protocol import headers
 from protocol.names import HandoffMode, Pipeline
+from protocol.records import write_atomic
 from reports.render import write_report, write_sweep_report
 from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
@@ -28,6 +29,7 @@ from testbed import dilation, planning
 from testbed.bench import calibrate
 from testbed.deployment import Deployment
 from testbed.model import describe as describe_model
+from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario
 from testbed.workload_cli import locust_argv
 from topologies.check import check_network
@@ -48,7 +50,12 @@ def system_cost(deployment: Deployment, scenario: Scenario) -> dict:
     return {"accelerators": dict(counts), "wan_lines": 1 if len(sites) > 1 else 0}
 
 
-INCOMPLETE = "INCOMPLETE"  # in a system's directory: its run was cut short; reports skip it
+COMPLETE = "COMPLETE"  # written last in a system's directory: reports read only these
+INCOMPLETE = "INCOMPLETE"  # its run failed or was cut short: why
+
+
+class DeploymentDied(RuntimeError):
+    """A server, the router or a link emulator died during the load."""
 
 
 def run_system(
@@ -69,14 +76,14 @@ def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console
     try:
         with console.status(f"[bold]{system}[/bold]: checking the links"):
             check = [m.as_row() for m in check_network(deployment.net, seconds=3)]
-        (out / "link_check.json").write_text(json.dumps(check, indent=2))
+        write_atomic(out / "link_check.json", json.dumps(check, indent=2))
         bad = [m for m in check if not m["ok"]]
         if bad:
             console.print(
                 f"[yellow]{system}: {len(bad)} link measurement(s) out of tolerance "
                 f"(see the report)[/yellow]"
             )
-        (out / "cost.json").write_text(json.dumps(system_cost(deployment, scenario)))
+        write_atomic(out / "cost.json", json.dumps(system_cost(deployment, scenario)))
         with console.status(f"[bold]{system}[/bold]: warm-up requests"):
             warm_up(deployment, scenario, out)
         client = deployment.net.hosts_with_role("client")[0]
@@ -92,6 +99,10 @@ def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
             with console.status("") as status:
                 while proc.poll() is None:
+                    if problems := deployment.problems():
+                        proc.terminate()
+                        proc.wait(30)
+                        raise DeploymentDied(f"{system}: " + "; ".join(problems))
                     done = _lines(out / "client.jsonl")
                     status.update(
                         f"[bold]{system}[/bold]: {done} requests done, "
@@ -103,9 +114,12 @@ def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console
                 f"{system}: Locust exited with {proc.returncode}; see {out}/locust.log"
             )
         time.sleep(1.0)  # the router writes a record after its last token
+        if problems := deployment.problems():
+            raise DeploymentDied(f"{system}: " + "; ".join(problems))
     finally:
         deployment.down()
     write_parquet(out)
+    write_atomic(out / COMPLETE, f"{_lines(out / 'client.jsonl')} requests\n")
     console.print(
         f"{system}: {_lines(out / 'client.jsonl')} requests in {time.monotonic() - t0:.0f} s"
     )
@@ -148,15 +162,15 @@ def run_bench(
 ) -> Path:
     """One run directory; a sweep scenario gets one sub-directory per point, each a
     complete run of its own, and a sweep report over them all."""
-    run_dir = out / time.strftime(f"bench-{scenario.name}-%Y%m%d-%H%M%S")
+    run_dir = new_run_dir(out, f"bench-{scenario.name}")
     run_dir.mkdir(parents=True, exist_ok=True)
     systems = systems or scenario.systems
     console.print(f"bench {scenario.name}: systems {', '.join(systems)}; run directory {run_dir}")
     points = scenario.points()
     if scenario.sweep:
         sweep = {"sweep": scenario.sweep, "points": [label for label, _ in points]}
-        (run_dir / "sweep.json").write_text(json.dumps(sweep, indent=2))
-        (run_dir / "scenario.json").write_text(scenario.model_dump_json(indent=2))
+        write_atomic(run_dir / "sweep.json", json.dumps(sweep, indent=2))
+        write_atomic(run_dir / "scenario.json", scenario.model_dump_json(indent=2))
     for i, (label, point) in enumerate(points):
         if label:
             console.rule(f"sweep point {i + 1}/{len(points)}: {label}")
@@ -179,7 +193,7 @@ def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Co
     if calibration is not None:
         emulated["calibration"] = calibration
     if emulated:
-        (run_dir / "emulation.json").write_text(json.dumps(emulated, indent=2))
+        write_atomic(run_dir / "emulation.json", json.dumps(emulated, indent=2))
         (run_dir / "scenario-target.json").write_text(scenario.model_dump_json(indent=2))
         scenario = dilation.for_testbed(scenario, tiny_kv)
         console.print(
@@ -191,7 +205,7 @@ def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Co
     planning.write_tables(target, trace, run_dir)  # the planner's and bathtub's tables
     data = scenario.model_dump(mode="json")
     data["systems"] = systems
-    (run_dir / "scenario.json").write_text(json.dumps(data, indent=2))
+    write_atomic(run_dir / "scenario.json", json.dumps(data, indent=2))
     for system in systems:
         run_system(scenario, system, trace, run_dir, console)
     report = write_report(run_dir)

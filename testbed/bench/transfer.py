@@ -22,6 +22,7 @@ from protocol import headers
 from protocol.metrics import PERCENTILES, percentile
 from protocol.records import read_records
 from testbed.deployment import Deployment
+from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario, ServersSpec
 from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
@@ -136,7 +137,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def run(out: Path, rate_mbit: float, console: Console) -> Path:
-    run_dir = out / time.strftime("bench-transfer-%Y%m%d-%H%M%S")
+    run_dir = new_run_dir(out, "bench-transfer")
     run_dir.mkdir(parents=True, exist_ok=True)
     console.print(f"KV goodput over a clean {rate_mbit:g} Mbit/s WAN (10 ms one way):")
     goodput = goodput_rows(run_dir, rate_mbit, console)

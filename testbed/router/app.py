@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -21,15 +22,19 @@ from protocol import headers
 from protocol.names import Pipeline, Role
 from protocol.records import JsonlWriter, RequestRecord
 from protocol.rooms import new_room
-from protocol.stream import Chunk, OutputStream, error_event
+from protocol.stream import Chunk, OutputStream, error_body
 from testbed.router.after import AfterRequest
+from testbed.router.client_stream import STREAM, answer_error
 from testbed.router.config import RouterConfig, ServerEntry
+from testbed.router.health import Health
 from testbed.router.policies import Loads, PddPolicy, Route, make_policy
 from testbed.router.relay import RelayedPipeline
 from testbed.router.transfers import TransferIndex
 from testbed.router.upstream import Upstream, UpstreamError, cached_tokens, lines, read_or_abort
+from testbed.router.validate import Rejected, check_body, check_headers
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
+logger = logging.getLogger("pdd.router")
 
 
 class Router:
@@ -40,12 +45,13 @@ class Router:
         self.records = JsonlWriter(config.records)
         logs = [s.transfer_log for s in config.servers if s.transfer_log]
         self.transfers = TransferIndex(logs, on_decode=self._settle_wan)
-        self.upstream = Upstream(config.upstream_timeout_s)
+        self.upstream = Upstream(config.upstream_timeout_s, config.limits.max_in_flight)
         near = {s.site for s in config.with_role(Role.PREFILL)}
         self._wan_logs = {
             Path(s.transfer_log) for s in config.servers if s.transfer_log and s.site not in near
         }
         self._background: set[asyncio.Task] = set()  # work that outlives its request
+        self.active = 0  # requests being handled
         self.after: AfterRequest | None = None
         self.relayed: RelayedPipeline | None = None
         if isinstance(self.policy, PddPolicy):
@@ -56,7 +62,7 @@ class Router:
             )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 << 20)
+        app = web.Application(client_max_size=self.config.limits.max_body_bytes)
         for path in ENDPOINTS:
             app.router.add_post(path, self.handle)
         app.router.add_get("/health", self.health)
@@ -66,6 +72,7 @@ class Router:
 
     async def _start(self, app) -> None:
         await self.upstream.open()
+        self.background(Health(self.config.servers, self.loads).run())
 
     async def _stop(self, app) -> None:
         for task in self._background:
@@ -83,38 +90,59 @@ class Router:
 
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"status": "ok", "system": self.config.system, "in_flight": dict(self.loads.in_flight)}
+            {
+                "status": "ok",
+                "system": self.config.system,
+                "in_flight": dict(self.loads.in_flight),
+                "down": dict(self.loads.down),
+            }
         )
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        arrival = time.time()
+        """Admission control around :meth:`_handle`: past ``max_in_flight`` requests,
+        503 with a Retry-After."""
+        limit = self.config.limits.max_in_flight
+        if self.active >= limit:
+            record = RequestRecord(
+                request_id=request.headers.get(headers.REQUEST_ID) or uuid.uuid4().hex,
+                system=self.config.system,
+                endpoint=request.path,
+                arrival=time.time(),
+            )
+            message = f"the router has {limit} requests in flight; retry"
+            return self._reject(record, Rejected(message, 503, "overloaded"))
+        self.active += 1
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return web.json_response({"error": "request body is not JSON"}, status=400)
-        if not isinstance(body, dict):
-            return web.json_response({"error": "request body must be a JSON object"}, status=400)
-        turn = request.headers.get(headers.TURN)
+            return await self._handle(request)
+        finally:
+            self.active -= 1
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         record = RequestRecord(
-            request_id=request.headers.get(headers.REQUEST_ID) or uuid.uuid4().hex,
+            request_id=uuid.uuid4().hex,
             system=self.config.system,
             endpoint=request.path,
-            arrival=arrival,
-            session_id=request.headers.get(headers.SESSION),
-            turn=int(turn) if turn is not None else None,
+            arrival=time.time(),
         )
+        try:
+            meta = check_headers(request.headers)
+            record.request_id = meta.request_id or record.request_id
+            record.session_id, record.turn = meta.session, meta.turn
+            body = await self._body(request)
+            check_body(request.path, body, self.config.limits)
+        except Rejected as exc:
+            return self._reject(record, exc)
         turn_done = None
         if self.after is not None:
             turn_done = await self.after.before(record.session_id)
         try:
-            pinned = request.headers.get(headers.PIPELINE)
             self.transfers.refresh()  # transfers that ended leave the WAN line's backlog
-            route = self.policy.choose(body, self.loads, record.session_id, pinned)
+            route = self.policy.choose(body, self.loads, record.session_id, meta.pipeline)
         except (LookupError, ValueError) as exc:
             if self.after is not None:
                 self.after.after(None, body, record, turn_done)
             status = 503 if isinstance(exc, LookupError) else 400
-            return web.json_response({"error": str(exc)}, status=status)
+            return self._reject(record, Rejected(str(exc), status))
         record.dispatched = time.time()
         record.pipeline, record.pipeline_reason = route.pipeline, route.reason
         record.decode_server = route.stream_from.name
@@ -127,12 +155,8 @@ class Router:
             self.loads.in_flight[name] += 1
         try:
             return await self._serve(request, body, route, record)
-        except (TimeoutError, ClientError, UpstreamError) as exc:
-            # A server that is down or dies mid-request: a clear error, never a 500
-            # with a traceback, and a record that says so.
-            message = f"upstream failure on {record.decode_server}: {exc!r}"[:500]
-            record.status, record.error = "error", message
-            return web.json_response({"error": message}, status=502)
+        except Exception as exc:  # one answer, one record, never a second response
+            return await self._failed(request, record, exc)
         finally:
             for name in busy:
                 self.loads.in_flight[name] -= 1
@@ -144,6 +168,46 @@ class Router:
                 await self._write(route, record)
             else:  # the client is done; P's answer (its prefix hit) comes with its WAN leg
                 self.background(self._write(route, record, after=late))
+
+    async def _body(self, request: web.Request) -> object:
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            limit = self.config.limits.max_body_bytes
+            raise Rejected(f"request body over {limit} bytes", 413) from None
+        try:
+            return json.loads(raw)  # bytes: UTF-8/16/32 detected, whatever the header says
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise Rejected("request body is not JSON") from None
+        except RecursionError:
+            raise Rejected("request body: JSON nested too deeply") from None
+
+    def _reject(self, record: RequestRecord, exc: Rejected) -> web.Response:
+        """A refused request: a JSON error, and a record that says so."""
+        record.status, record.error = "rejected", str(exc)[:500]
+        record.finish = time.time()
+        self.records.write(record)
+        headers_ = {"Retry-After": "1"} if exc.status == 503 else None
+        body = error_body(str(exc), exc.status, exc.kind)
+        return web.json_response(body, status=exc.status, headers=headers_)
+
+    async def _failed(self, request: web.Request, record: RequestRecord, exc: Exception):
+        """A request that failed after it was routed. The client left: its upstream
+        work is already closed with its connection. A server failed (down, died, an
+        error in its stream): 502 naming it. Anything else: 500. After the stream
+        started, the error goes into the stream as an SSE event and the stream ends."""
+        if client_gone(request):
+            record.status, record.error = "client_cancelled", "client disconnected"
+            return request.get(STREAM) or web.Response(status=499)
+        if isinstance(exc, TimeoutError | ClientError | UpstreamError | OSError):
+            message = f"upstream failure on {record.decode_server}: {exc!r}"
+            record.status, status, kind = "upstream_error", 502, "upstream_error"
+        else:
+            logger.exception("request %s", record.request_id)
+            message = f"router error: {exc!r}"
+            record.status, status, kind = "error", 500, "server_error"
+        record.error = message[:500]
+        return await answer_error(request, message, status, kind)
 
     async def _write(self, route: Route, record: RequestRecord, after=None) -> None:
         """Join the KV transfer into the record and write it (also when cut short by
@@ -206,11 +270,19 @@ class Router:
         """Pass one server's response through to the client, timing every token."""
         response: web.StreamResponse | None = None
         # A PD decode server answers only once it has the KV: if the prefill fails
-        # first, fail now instead of when the transfer times out.
-        upstream = await read_or_abort(self.upstream.post(server, request.path, body), abort_if)
+        # first, fail now instead of when the transfer times out. A client that leaves
+        # a non-streamed request closes the upstream call too (SGLang then aborts it).
+        left = None if body.get("stream") else asyncio.ensure_future(client_left(request))
+        try:
+            posted = read_or_abort(self.upstream.post(server, request.path, body), abort_if)
+            upstream = await read_or_abort(posted, left)
+        except BaseException:
+            if left is not None:
+                left.cancel()
+            raise
         try:
             if not body.get("stream") or upstream.status != 200:
-                text = await read_or_abort(upstream.text(), abort_if)
+                text = await read_or_abort(read_or_abort(upstream.text(), abort_if), left)
                 record.finish = time.time()
                 _record_final(record, text, upstream.status)
                 return web.Response(
@@ -218,6 +290,7 @@ class Router:
                 )
             response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
+            request[STREAM] = response
             out = OutputStream(native=request.path == "/generate")
             try:
                 async for line in lines(upstream, abort_if):
@@ -227,29 +300,32 @@ class Router:
                         record.token_times.extend([now] * new)
                         record.first_token = record.first_token or now
                     await response.write(line)
+                if not out.done and not out.error:  # no finish, no [DONE]: cut short
+                    raise UpstreamError(f"{server.name}'s stream ended before the request did")
                 await response.write_eof()
-            except ConnectionError:
+            except ConnectionError as exc:
+                if not client_gone(request):
+                    raise UpstreamError(f"{server.name}: {exc!r}") from exc
                 # The client left. After the last token that is normal (it stops reading
                 # at [DONE]); before it, the request did not complete.
                 if not out.done:
-                    record.status, record.error = "error", "client disconnected mid-stream"
+                    record.status, record.error = "client_cancelled", "client disconnected"
+            finally:
+                record.prompt_tokens = out.prompt_tokens
+                if record.prefill_server is None and out.cached_tokens is not None:
+                    record.cached_tokens_prefill = out.cached_tokens  # colocated: one server
+                record.output_tokens, record.output_ids = out.tokens, out.ids
             if out.error:
-                record.status, record.error = "error", out.error
-            record.prompt_tokens = out.prompt_tokens
-            if record.prefill_server is None and out.cached_tokens is not None:
-                record.cached_tokens_prefill = out.cached_tokens  # colocated: one server
-            record.output_tokens, record.output_ids = out.tokens, out.ids
+                record.status, record.error = "upstream_error", out.error
             record.finish = time.time()
             return response
         except UpstreamError as exc:
-            record.status, record.error = "error", str(exc)
-            if response is not None and response.prepared:
-                await response.write(error_event(str(exc)))
-                await response.write_eof()
-                return response
-            return web.json_response({"error": str(exc)}, status=502)
+            record.status, record.error = "upstream_error", str(exc)[:500]
+            return await answer_error(request, str(exc), 502, "upstream_error")
         finally:
-            upstream.release()
+            upstream.release()  # not read to its end (client gone): the connection closes
+            if left is not None:
+                left.cancel()
 
     async def _join_transfer(self, route: Route, record: RequestRecord) -> None:
         """The servers' logs into the record: the KV that crossed to the server that
@@ -275,7 +351,7 @@ class Router:
         if not transfer.ok and record.fallback:
             record.fallback = f"{record.fallback}; KV transfer: {transfer.reason}"[:500]
         elif not transfer.ok and record.status == "ok":
-            record.status, record.error = "error", f"KV transfer failed: {transfer.reason}"
+            record.status, record.error = "upstream_error", f"KV transfer failed: {transfer.reason}"
 
     def _join_stamps(self, route: Route, record: RequestRecord) -> None:
         """When P finished computing, when the first token's decoder held the KV, and
@@ -293,10 +369,21 @@ class Router:
             record.handoff_extended = final[-1].extended_at if final else None
 
 
+def client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def client_left(request: web.Request, every_s: float = 0.25) -> None:
+    """Returns by raising once the client's connection is gone."""
+    while not client_gone(request):
+        await asyncio.sleep(every_s)
+    raise ConnectionResetError("client disconnected")
+
+
 def _record_final(record: RequestRecord, text: str, status: int) -> None:
     """A non-streamed response (or an error) into the record."""
     if status != 200:
-        record.status, record.error = "error", f"HTTP {status}: {text[:500]}"
+        record.status, record.error = "upstream_error", f"HTTP {status}: {text[:500]}"
         return
     try:
         data = json.loads(text)

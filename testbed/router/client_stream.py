@@ -3,12 +3,15 @@ at the end; every token it is sent is timed into the request's record."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from aiohttp import web
 
 from protocol.records import RequestRecord
-from protocol.stream import DONE_LINE, Chunk, error_event
+from protocol.stream import DONE_LINE, Chunk, error_body, error_event
+
+STREAM = "pdd.client_stream"  # request[STREAM]: the client's response, once prepared
 
 
 class ClientStream:
@@ -33,6 +36,7 @@ class ClientStream:
                 status=200, headers={"Content-Type": "text/event-stream"}
             )
             await self.response.prepare(self.request)
+            self.request[STREAM] = self.response
         if not chunk.done:
             await self.response.write(chunk.line)
 
@@ -42,15 +46,24 @@ class ClientStream:
             if self.response is None:
                 self.response = web.StreamResponse(status=200)
                 await self.response.prepare(self.request)
+                self.request[STREAM] = self.response
             await self.response.write(DONE_LINE)
             await self.response.write_eof()
         else:
             self.response = web.json_response(self.last or {})
 
     async def fail(self, message: str) -> web.StreamResponse:
-        self.record.status, self.record.error = "error", message[:500]
-        if self.response is not None and self.response.prepared:
-            await self.response.write(error_event(message))
-            await self.response.write_eof()
-            return self.response
-        return web.json_response({"error": message}, status=502)
+        self.record.status, self.record.error = "upstream_error", message[:500]
+        return await answer_error(self.request, message, 502, "upstream_error")
+
+
+async def answer_error(request: web.Request, message: str, status: int, kind: str):
+    """The error to the client: an SSE error event and the stream's end if the stream
+    already started (never a second response), else a JSON error."""
+    stream = request.get(STREAM)
+    if stream is None or not stream.prepared:
+        return web.json_response(error_body(message, status, kind), status=status)
+    with contextlib.suppress(ConnectionError):
+        await stream.write(error_event(message, status, kind))
+        await stream.write_eof()
+    return stream

@@ -7,10 +7,11 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from protocol.names import Role
+from testbed.router.validate import RequestLimits
 
 
 class ServerEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     name: str
     url: str = Field(..., description="http://host:port of the SGLang server.")
@@ -24,15 +25,12 @@ class ServerEntry(BaseModel):
 class PddConfig(BaseModel):
     """PDD's routing and handoff knobs (``pdd:`` in a scenario)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    handoff_port: int = Field(8997, description="Main decode's handoff listener port.")
+    handoff_port: int = Field(8997, ge=1, le=65535, description="Main decode's handoff port.")
     wan_rate_mbit: float = Field(100.0, gt=0, description="WAN rate the router plans with.")
     kv_bytes_per_token: int = Field(8192, gt=0, description="KV bytes per token (the model's).")
     wan_one_way_s: float = Field(0.0, ge=0, description="WAN one-way delay the router plans with.")
-    wan_queue_packets: int = Field(
-        1000, ge=1, description="The WAN rate limiter's queue (packets) the router plans with."
-    )
     direct_wan_bound_s: float = Field(
         0.1, ge=0, description="Predicted WAN transfer time up to which a request goes P->MD."
     )
@@ -105,7 +103,7 @@ class PddConfig(BaseModel):
 
 
 class RouterConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     system: str = Field(..., description="Name recorded in every record (e.g. cross_site_pd).")
     policy: str = Field(..., description="Routing policy name (see testbed.router.policies).")
@@ -115,6 +113,7 @@ class RouterConfig(BaseModel):
     port: int = 8000
     upstream_timeout_s: float = 600.0
     pdd: PddConfig | None = None
+    limits: RequestLimits = RequestLimits()
 
     def with_role(self, *roles: str) -> list[ServerEntry]:
         return [s for s in self.servers if s.role in roles]

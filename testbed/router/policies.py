@@ -10,7 +10,7 @@ from protocol import headers
 from protocol.names import Pipeline, Role
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
 from testbed.router.mirror import PrefixMirror
-from testbed.router.wan import PACKET_BYTES, WanLine, WanPrediction
+from testbed.router.wan import WanLine, WanPrediction
 
 
 @dataclass(frozen=True)
@@ -33,15 +33,21 @@ class Route:
 
 
 class Loads:
-    """Requests in flight per server, as the router sees them."""
+    """Requests in flight per server, as the router sees them, and the servers out of
+    rotation (failed health checks: name → why)."""
 
     def __init__(self) -> None:
         self.in_flight: Counter[str] = Counter()
+        self.down: dict[str, str] = {}
 
     def least_loaded(self, servers: list[ServerEntry]) -> ServerEntry:
         if not servers:
             raise LookupError("no server of the needed role is configured")
-        return min(servers, key=lambda s: (self.in_flight[s.name], s.name))
+        up = [s for s in servers if s.name not in self.down]
+        if not up:
+            why = "; ".join(f"{s.name}: {self.down[s.name]}" for s in servers)
+            raise LookupError(f"no healthy {servers[0].role} server ({why})")
+        return min(up, key=lambda s: (self.in_flight[s.name], s.name))
 
 
 class Policy:
@@ -111,13 +117,16 @@ class PddPolicy(Policy):
     def _choose(self, body, loads, session: str | None):
         pdd = self.pdd
         prefill = loads.least_loaded(self.config.with_role(Role.PREFILL))
-        relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
         main = loads.least_loaded(self.config.with_role(Role.MAIN_DECODE))
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
         n_out = max_new_tokens(body)
         uncached = n_in - (self.mirror.predicted_hit(prompt, session) if prompt is not None else 0)
         wan = self.wan.predict(uncached * pdd.kv_bytes_per_token)  # also for a pinned route
+        try:
+            relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
+        except LookupError as exc:  # relay decode down: P->MD, the pipeline left
+            return Route(Pipeline.P_MD, f"{exc}: P->MD"[:300], main, prefill, wan=wan)
         if n_in >= pdd.anomalous_min_input and n_out <= pdd.anomalous_max_output:
             reason = f"anomalous: {n_in} input tokens, {n_out} output"
             return Route(Pipeline.RLD_ONLY, reason, relay, prefill, wan=wan)
@@ -164,9 +173,8 @@ class ThresholdPolicy(PddPolicy):
 
 
 def wan_line(pdd: PddConfig) -> WanLine:
-    """A WAN line seeded by the configured rate (bytes/s), one-way delay and queue."""
-    queue_bytes = pdd.wan_queue_packets * PACKET_BYTES
-    return WanLine(pdd.wan_rate_mbit * 1e6 / 8, pdd.wan_one_way_s, queue_bytes)
+    """A WAN line seeded by the configured rate (bytes/s) and one-way delay."""
+    return WanLine(pdd.wan_rate_mbit * 1e6 / 8, pdd.wan_one_way_s)
 
 
 def prompt_tokens(body: dict) -> list[int] | None:

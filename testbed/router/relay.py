@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from aiohttp import web
+from aiohttp import ClientError, web
 
 from protocol import headers
 from protocol.names import HandoffMode, Pipeline
@@ -95,6 +95,7 @@ class RelayedRequest:
         md_host, port = route.main_decode.host, pipeline.pdd.handoff_port
         self.channel = HandoffChannel(md_host, port, record.room)
         self.drained: asyncio.Task | None = None  # main decode finishing apart
+        self.relay_died = False  # MD took over from a relay decode that died
         self.ready: asyncio.Task | None = None
         self.prefill: asyncio.Task | None = None
         self.md: asyncio.Task | None = None
@@ -132,7 +133,11 @@ class RelayedRequest:
             md_stream = chunks(md)
             # Greedy: both streams are the same tokens, so relay decode streams on until
             # main decode has caught up with the client.
-            if greedy(self.body) and await switch_streams(self, rld, md_stream):
+            if (
+                greedy(self.body)
+                and not self.relay_died
+                and await switch_streams(self, rld, md_stream)
+            ):
                 owns_md_side = self.drained is None  # else the drain releases MD's side
                 return self.out.response
             rld.close()  # SGLang aborts relay decode's request
@@ -157,10 +162,21 @@ class RelayedRequest:
         handed, batches, mode = 0, 0, None
         inflight: asyncio.Task | None = None  # the catch-up batch MD is extending
         limit = max_new_tokens(self.body)
+        rld_stream = chunks(rld, self.prefill)
         try:
-            async for chunk in chunks(rld, self.prefill):
-                if chunk.error:
-                    raise UpstreamError(f"relay decode: {chunk.error}")
+            while True:
+                try:
+                    chunk = await anext(rld_stream, None)
+                    if chunk is None:
+                        raise UpstreamError("its stream ended before the request did")
+                    if chunk.error:
+                        raise UpstreamError(chunk.error)
+                except (UpstreamError, ClientError, OSError) as exc:
+                    p = self.prefill
+                    if p.done() and not p.cancelled() and p.exception() is not None:
+                        raise  # the prefill failed: MD cannot hold the KV either
+                    handed, batches = await self._take_over(exc, handed, batches, inflight)
+                    return mode or HandoffMode.ONE_SHOT
                 new = chunk.new_ids(len(tokens))
                 tokens += new
                 await self.out.emit(chunk, len(new))
@@ -202,10 +218,25 @@ class RelayedRequest:
                     record.handoff_sent = sent
                     return mode
                 inflight = asyncio.create_task(self.channel.extended())
-            return None
         finally:
             record.eager_tokens = len(tokens)
             record.handoff_tokens, record.handoff_batches = handed, batches
+
+    async def _take_over(self, exc, handed: int, batches: int, inflight) -> tuple[int, int]:
+        """Relay decode died mid-stream. If MD holds the KV (and no handoff failed),
+        MD takes over: every eager token it lacks in one final handoff, and the client's
+        stream goes on from MD. Else the request fails with relay decode's error."""
+        why = f"relay decode died: {exc}"[:300]
+        if not self.md_holds_kv or self.record.fallback or not self.tokens:
+            raise UpstreamError(why) from exc
+        if inflight is not None and not await self._extended(inflight):
+            raise UpstreamError(f"{why}; {self.record.fallback}") from exc
+        batch = self.tokens[1 + handed :]
+        self.record.handoff_bytes += await self.channel.handoff(batch, final=True)
+        self.record.handoff_sent = time.time()
+        self.record.fallback = f"{why}; main decode took over"
+        self.relay_died = True
+        return handed + len(batch), batches + 1
 
     async def _extended(self, inflight: asyncio.Task) -> bool:
         """Whether MD extended the last catch-up batch; if it failed, relay decode

@@ -1,5 +1,10 @@
-"""The router's calls to SGLang servers: one HTTP client session, the prefill call,
-and reading a decode stream that must stop the moment its prefill fails."""
+"""The router's calls to SGLang servers: an HTTP client session per server role, the
+prefill call, and reading a decode stream that must stop the moment its prefill fails.
+
+Lifecycle: ``open`` on the router's startup, a session per role made on first use
+(its own connection pool, as large as the router's admission bound, so decode calls
+waiting for their KV never hold the connections prefill calls need), ``close`` on
+cleanup."""
 
 from __future__ import annotations
 
@@ -17,28 +22,39 @@ class UpstreamError(RuntimeError):
 
 
 class Upstream:
-    """The router's HTTP client to its servers (opened on startup, closed on cleanup)."""
+    """The router's HTTP client to its servers."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self.session: ClientSession | None = None
+    def __init__(self, timeout_s: float, connections: int = 512) -> None:
+        self.timeout_s, self.connections = timeout_s, connections
+        self.sessions: dict[str, ClientSession] = {}
+        self.closed = True
 
     async def open(self) -> None:
-        # SGLang's HTTP server (uvicorn) closes idle keep-alive connections after 5 s; a
-        # request sent on one as it closes fails with "Server disconnected" (seen with
-        # think times of a few seconds). Closing them first, at 2 s, avoids the race.
-        self.session = ClientSession(
-            timeout=ClientTimeout(total=self.timeout_s),
-            connector=TCPConnector(keepalive_timeout=2.0),
-        )
+        self.closed = False
 
     async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+        self.closed = True
+        sessions, self.sessions = list(self.sessions.values()), {}
+        for session in sessions:
+            await session.close()
+
+    def session(self, role: str) -> ClientSession:
+        if self.closed:
+            raise UpstreamError("the router is shutting down")
+        if role not in self.sessions:
+            # SGLang's HTTP server (uvicorn) closes idle keep-alive connections after
+            # 5 s; a request sent on one as it closes fails with "Server disconnected"
+            # (seen with think times of a few seconds). Closing them first, at 2 s,
+            # avoids the race.
+            self.sessions[role] = ClientSession(
+                timeout=ClientTimeout(total=self.timeout_s),
+                connector=TCPConnector(keepalive_timeout=2.0, limit=self.connections),
+            )
+        return self.sessions[role]
 
     def post(self, server: ServerEntry, path: str, body: dict):
         """POST ``body`` to ``server``; use as ``await`` or ``async with``."""
-        return self.session.post(server.url + path, json=body)
+        return self.session(server.role).post(server.url + path, json=body)
 
     async def prefill(self, server: ServerEntry, path: str, body: dict, record: RequestRecord):
         """Run the prefill half of a P/D request; records P's prefix hit."""
@@ -64,7 +80,11 @@ async def read_or_abort(coro, abort_if: asyncio.Task | None):
     task = asyncio.ensure_future(coro)
     if abort_if is None:
         return await task
-    done, _ = await asyncio.wait({task, abort_if}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({task, abort_if}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()  # whoever waited is gone: so is the call
+        raise
     if task in done:
         return task.result()
     try:

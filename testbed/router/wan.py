@@ -14,12 +14,13 @@ Lifecycle of one transfer on a :class:`WanLine`::
 The line is a fluid model of TCP over a rate-limited drop-tail queue. Transfers on
 it share the rate equally (processor sharing), so a transfer of ``s`` bytes among
 others with ``r_i`` bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``;
-each transfer's remaining bytes drain that way between events. Every transfer also
-starts in TCP slow start (its connection was idle), a round trip per doubling of the
-window, and a round trip grows by the standing queue the other transfers keep full
-(at most the queue's size): what makes a small transfer behind a large one slow.
-The rest — framing, the receiver's work, what the model misses — is an overhead
-fitted with the goodput by decaying least squares, seeded by the configured rate and
+each transfer's remaining bytes drain that way between events (measured here: a
+small transfer behind a large one is barely slower, as TCP shares the line, where a
+first-come-first-served backlog predicted it ten times slower). Every transfer also
+pays TCP slow start, a round trip per doubling of its window until the window fills
+the pipe (a new connection's, or an idle one's where the hosts restart it). The
+rest — framing, the receiver's work, what the model misses — is an overhead fitted
+with the goodput by decaying least squares, seeded by the configured rate and
 one-way delay, over the settled transfers that had the line to themselves (one that
 shared it says nothing the model could have known).
 """
@@ -33,7 +34,6 @@ from protocol.records import TransferRecord
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
 INITIAL_WINDOW = 10 * 1448  # Linux's initial congestion window: 10 segments
-PACKET_BYTES = 1500
 
 
 def slow_start_s(nbytes: float, rate: float, rtt: float, window: float = INITIAL_WINDOW) -> float:
@@ -96,13 +96,11 @@ class WanLine:
         self,
         rate_bytes_s: float,
         one_way_s: float = 0.0,
-        queue_bytes: float = 0.0,
         weight: float = 0.2,
         clock=time.time,
     ) -> None:
         self.fit = _Fit(float(rate_bytes_s), one_way_s, weight)
         self.rtt = 2 * one_way_s
-        self.queue_bytes = queue_bytes  # the rate limiter's queue: the most it delays
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self._as_of = clock()
@@ -134,12 +132,10 @@ class WanLine:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
         if not own_bytes:
             return 0.0
-        others = [o.left for o in self.outstanding.values() if o.left > 0]
-        shared = sum(min(left, own_bytes) for left in others)
-        rtt = self.rtt + min(sum(others), self.queue_bytes) / self.goodput
+        shared = sum(min(o.left, own_bytes) for o in self.outstanding.values())
         return (
             self.fit.overhead
-            + slow_start_s(own_bytes, self.goodput, rtt)
+            + slow_start_s(own_bytes, self.goodput, self.rtt)
             + (own_bytes + shared) / self.goodput
         )
 

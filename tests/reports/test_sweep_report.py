@@ -22,6 +22,7 @@ def write_point(point_dir, scenario: Scenario, ttft_by_system: dict[str, float])
         d = point_dir / system
         d.mkdir()
         (d / "manifest.json").write_text(json.dumps({"kv_bytes_per_token": 8192}))
+        (d / "COMPLETE").write_text("")
         (d / "cost.json").write_text(json.dumps({"accelerators": {"GPU-A": 2}, "wan_lines": 0}))
         with open(d / "records.jsonl", "w") as f:
             for i in range(10):

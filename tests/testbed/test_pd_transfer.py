@@ -7,6 +7,7 @@ sees or on bytes that crossed the wire.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import threading
@@ -129,7 +130,7 @@ def test_wan_cut_mid_transfer_fails_clearly_then_servers_recover(pd, colocated):
     assert waited < 45, f"error took {waited:.0f} s after the cut (idle timeout is 5 s)"
     assert "error" in result["text"].lower(), result
     rec = last_record(pd, "s-cut")
-    assert rec.status == "error" and rec.error
+    assert rec.status == "upstream_error" and rec.error
 
     # The same servers serve the next request, token-exact.
     fresh = [rng.randrange(10, 4000) for _ in range(300)]
@@ -140,7 +141,7 @@ def test_wan_cut_mid_transfer_fails_clearly_then_servers_recover(pd, colocated):
 
 def test_openai_endpoints_stream_through_the_router(pd):
     body = {
-        "model": "tiny",
+        "model": "default",
         "messages": [{"role": "user", "content": "plan the tool call"}],
         "max_tokens": 8,
         "temperature": 0,
@@ -165,7 +166,190 @@ def test_openai_endpoints_stream_through_the_router(pd):
 
     r = httpx.post(
         f"{pd.router_url}/v1/completions",
-        json={"model": "tiny", "prompt": "tool result:", "max_tokens": 4, "temperature": 0},
+        json={"model": "default", "prompt": "tool result:", "max_tokens": 4, "temperature": 0},
         timeout=120,
     )
     assert r.status_code == 200 and r.json()["choices"][0]["text"]
+
+
+def server_busy(pd: Deployment, role: str) -> int:
+    """Requests the server of ``role`` runs or queues (SGLang's own /v1/loads)."""
+    (server,) = [s for s in pd.servers if s.role == role]
+    loads = httpx.get(f"{server.spec.url}/v1/loads", timeout=10).json()["loads"]
+    return sum(x.get("num_running_reqs", 0) + x.get("num_waiting_reqs", 0) for x in loads)
+
+
+def wait_for(check, seconds: float = 10.0):
+    deadline = time.monotonic() + seconds
+    while not (ok := check()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ok
+
+
+def test_hostile_requests_stop_at_the_router_and_a_client_that_leaves_frees_the_servers(
+    pd, colocated
+):
+    rng = random.Random(31)
+    prompt = [rng.randrange(10, 4000) for _ in range(200)]
+    good = generate_payload(prompt, NEW_TOKENS, False)
+    hostile = [
+        ({**good, "input_ids": prompt + [4096]}, 400, "vocabulary"),  # the tiny model: 4096
+        ({**good, "input_ids": [-1] + prompt}, 400, "vocabulary"),
+        ({**good, "input_ids": [7] * 70_000}, 400, "context"),
+        ({**good, "rid": "pdd-md-12345"}, 400, "rid"),
+        ({**good, "stream": "no"}, 400, "stream"),
+        ({**good, "sampling_params": {"max_new_tokens": [4]}}, 400, "max_new_tokens"),
+    ]
+    for body, status, words in hostile:
+        r = httpx.post(f"{pd.router_url}/generate", json=body, timeout=60)
+        assert r.status_code == status and words in r.json()["error"]["message"], r.text
+    assert server_busy(pd, "decode") == 0 and server_busy(pd, "prefill") == 0
+
+    # A streaming client that leaves after two tokens: the record says so, and the
+    # decode server drops the request.
+    long = generate_payload(prompt, 2000, True)
+    long["sampling_params"]["ignore_eos"] = True
+    with httpx.stream(
+        "POST",
+        f"{pd.router_url}/generate",
+        json=long,
+        timeout=60,
+        headers={headers.SESSION: "s-leave"},
+    ) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data:")
+            if seen >= 2:
+                break
+    assert wait_for(lambda: server_busy(pd, "decode") == 0)
+    assert last_record(pd, "s-leave").status == "client_cancelled"
+
+    # A non-streaming client that gives up: the same.
+    long["stream"] = False
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            f"{pd.router_url}/generate",
+            json=long,
+            headers={headers.SESSION: "s-give-up"},
+            timeout=httpx.Timeout(30, read=1.0),
+        )
+    assert wait_for(lambda: server_busy(pd, "decode") == 0)
+    assert wait_for(lambda: any(r.session_id == "s-give-up" for r in read_records(pd.records_path)))
+    assert last_record(pd, "s-give-up").status == "client_cancelled"
+
+    # The servers still serve, token-exact.
+    assert generate(pd, prompt, "s-after-hostile", 0)["output_ids"] == reference_output(
+        colocated, prompt, NEW_TOKENS
+    )
+
+
+def _frame(kind: int, room: int, body: bytes, length: int | None = None) -> bytes:
+    from protocol.frames import HEADER, MAGIC, VERSION
+
+    return (
+        HEADER.pack(MAGIC, VERSION, kind, 0, room, len(body) if length is None else length) + body
+    )
+
+
+def _chunk(first: int, count: int, payload: bytes, crc: int | None = None) -> bytes:
+    from protocol.kv import KvChunkHeader, crc32
+
+    return KvChunkHeader(first, count, crc32([payload]) if crc is None else crc).encode() + payload
+
+
+# What a hostile or broken prefill peer sends after decode's transfer request: each must
+# end decode's request with a clear error quickly, never a dead receiver thread.
+PAGE = KV_BYTES_PER_TOKEN  # the tiny model's page (page size 1)
+BAD_PREFILL_REPLIES = {
+    "bad magic": lambda room: b"XXXX" + bytes(16),
+    "wrong version": lambda room: _frame(2, room, b"")[:4] + b"\x09" + _frame(2, room, b"")[5:],
+    "unknown type": lambda room: _frame(99, room, b""),
+    "2 GiB chunk header": lambda room: _frame(2, room, b"", length=(1 << 31)),
+    "oversized chunk": lambda room: _frame(2, room, b"", length=64 << 20),
+    "chunk without header": lambda room: _frame(2, room, b"\x00" * 8),
+    "chunk of the wrong size": lambda room: _frame(2, room, _chunk(0, 1, b"\x01" * 10)),
+    "chunk with a bad checksum": lambda room: _frame(2, room, _chunk(0, 1, b"\x02" * PAGE, 7)),
+    "chunk beyond the pages": lambda room: _frame(2, room, _chunk(10**6, 1, b"\x03" * PAGE)),
+    "aux with a bad checksum": lambda room: _frame(3, room, b"\x00\x00\x00\x01abc"),
+    "done with wrong totals": lambda room: _frame(4, room, (5).to_bytes(4, "big") + bytes(8)),
+    "short done": lambda room: _frame(4, room, b"\x00"),
+    "an ack from prefill": lambda room: _frame(5, room, b""),
+    "prefill reports a failure": lambda room: _frame(6, room, b"out of cheese"),
+    "cut mid-frame": lambda room: _frame(2, room, b"", length=PAGE + 12)[:30],
+}
+
+
+def test_malformed_frames_from_a_prefill_peer_fail_decode_clearly(pd, colocated):
+    import socket
+
+    from protocol.frames import recv_frame
+
+    (decode,) = [s for s in pd.servers if s.role == "decode"]
+    listener = socket.create_server((pd.net.harness_address, 0))
+    port = listener.getsockname()[1]
+    rng = random.Random(51)
+    try:
+        for name, reply in BAD_PREFILL_REPLIES.items():
+            room = rng.randrange(1, 1 << 62)
+            body = {
+                **generate_payload([rng.randrange(10, 4000) for _ in range(32)], 4, False),
+                "bootstrap_host": pd.net.harness_address,
+                "bootstrap_port": port,
+                "bootstrap_room": room,
+            }
+            result: dict = {}
+
+            def post(body=body, result=result):
+                result["r"] = httpx.post(f"{decode.spec.url}/generate", json=body, timeout=60)
+
+            thread = threading.Thread(target=post)
+            started = time.monotonic()
+            thread.start()
+            listener.settimeout(30)
+            conn, _ = listener.accept()
+            kind, got_room, _ = recv_frame(conn)  # decode's transfer request
+            assert (kind.name, got_room) == ("TRANSFER_REQUEST", room)
+            conn.sendall(reply(room))
+            conn.shutdown(socket.SHUT_WR)  # and nothing more: a cut frame ends here
+            thread.join(30)
+            took = time.monotonic() - started
+            conn.close()
+            assert "r" in result, f"{name}: decode did not answer within 30 s"
+            r = result["r"]
+            text = r.text.lower()
+            failed = r.status_code != 200 or "abort" in text or "error" in text
+            assert failed and took < 10, (name, r.status_code, r.text[:300], took)
+    finally:
+        listener.close()
+    fresh = [rng.randrange(10, 4000) for _ in range(300)]  # decode still serves
+    assert generate(pd, fresh, "s-after-frames", 0)["output_ids"] == reference_output(
+        colocated, fresh, NEW_TOKENS
+    )
+
+
+def test_malformed_frames_to_the_prefill_listener_are_refused_and_it_serves_on(pd, colocated):
+    import socket
+
+    (prefill,) = [s for s in pd.servers if s.role == "prefill"]
+    address = (prefill.spec.host, pd.scenario.servers.bootstrap_port)
+    hostile = [
+        b"GET / HTTP/1.1\r\nHost: prefill\r\n\r\n",  # not a PDKV peer at all
+        _frame(2, 1, b"\x00" * 12),  # a KV chunk where a transfer request belongs
+        _frame(1, 2, b"", length=1 << 30),  # a 1 GiB transfer request: refused unread
+        _frame(1, 3, b"\x00" * 5),  # a transfer request too short to decode
+        _frame(1, 4, b"\x00" * 20),  # one with the wrong KV layout
+        _frame(99, 5, b""),
+    ]
+    for raw in hostile:
+        with socket.create_connection(address, timeout=10) as s:
+            s.sendall(raw)
+            s.settimeout(10)
+            started = time.monotonic()
+            with contextlib.suppress(ConnectionError):
+                while s.recv(4096):  # a FAILURE frame, then the close; or the close
+                    pass
+            assert time.monotonic() - started < 10
+    fresh = [random.Random(52).randrange(10, 4000) for _ in range(300)]
+    assert generate(pd, fresh, "s-after-listener", 0)["output_ids"] == reference_output(
+        colocated, fresh, NEW_TOKENS
+    )

@@ -1,6 +1,6 @@
 """The WAN line the router predicts transfers on (no servers): transfers on the line
-share it, the backlog drains, a standing queue stretches slow start, and the goodput
-average follows a changed rate."""
+share it, the backlog drains, slow start costs round trips, and the goodput average
+follows a changed rate."""
 
 from __future__ import annotations
 
@@ -68,21 +68,6 @@ def test_transfers_share_the_line_and_drain_together():
     assert line.backlog() == pytest.approx(18 * MB, rel=1e-6)
     clock.now += 0.9  # alone now, at the full rate
     assert line.backlog() == pytest.approx(9 * MB, rel=1e-6)
-
-
-def test_a_standing_queue_stretches_a_small_transfers_round_trips():
-    """A large transfer keeps the rate limiter's queue full: every round trip of a
-    small transfer's slow start waits behind it."""
-    clock = Clock()
-    shallow = WanLine(rate_bytes_s=10 * MB, one_way_s=0.01, queue_bytes=0, clock=clock)
-    deep = WanLine(rate_bytes_s=10 * MB, one_way_s=0.01, queue_bytes=MB, clock=clock)
-    for line in (shallow, deep):
-        line.start(1, 50 * MB)
-    small = 200_000
-    extra = deep.predict(small).seconds - shallow.predict(small).seconds
-    queued_rtt = 0.02 + MB / (10 * MB)  # the queue adds 100 ms to each round trip
-    expected = slow_start_s(small, 10 * MB, queued_rtt) - slow_start_s(small, 10 * MB, 0.02)
-    assert extra == pytest.approx(expected) and extra > 0.2
 
 
 def test_a_settled_transfer_leaves_the_backlog():

@@ -10,6 +10,7 @@ import pytest
 
 from workloads.analysis import hit_ratios, stats
 from workloads.readers import read_trace
+from workloads.trace import TraceError
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
@@ -60,3 +61,82 @@ def test_tracelab_sessions_and_cached_prefixes():
                 shared += 1
             assert shared * trace.block_tokens <= cur.input_length
             assert cur.think_time_s is not None and cur.think_time_s >= 0
+
+
+MOONCAKE_OK = '{"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]}'
+PDD_HEAD = '{"trace": {"name": "t", "block_tokens": 512, "schema_version": 1}}'
+PDD_OK = (
+    '{"request_id": "a", "session_id": "s", "turn": 0, "hash_ids": [1], '
+    '"input_length": 100, "output_length": 5}'
+)
+
+
+@pytest.mark.parametrize(
+    "name, text, words",
+    [
+        ("empty.jsonl", "", "empty file"),
+        ("blank.jsonl", "\n\n", "empty file"),
+        ("garbage.jsonl", "hello\n", "not JSON"),
+        ("list.jsonl", "[1, 2]\n", "not a JSON object"),
+        ("header-only.jsonl", PDD_HEAD + "\n", "no requests"),
+        ("null-hash.jsonl", MOONCAKE_OK.replace("[1, 2]", "null") + "\n", ":1: hash_ids"),
+        ("str-time.jsonl", MOONCAKE_OK.replace('"timestamp": 0', '"timestamp": "now"'), ":1:"),
+        ("nan-time.jsonl", MOONCAKE_OK.replace('"timestamp": 0', '"timestamp": NaN'), "finite"),
+        (
+            "neg-out.jsonl",
+            MOONCAKE_OK.replace('"output_length": 10', '"output_length": -4'),
+            ">= 0",
+        ),
+        ("frac-in.jsonl", MOONCAKE_OK.replace("600", "60.5"), "integer"),
+        ("missing.jsonl", '{"timestamp": 0, "hash_ids": [1]}\n', "missing field"),
+        ("bad-line3.jsonl", MOONCAKE_OK + "\n" + MOONCAKE_OK + "\n{oops\n", ":3:"),
+        ("pdd-neg-turn.jsonl", PDD_HEAD + "\n" + PDD_OK.replace('"turn": 0', '"turn": -1'), ":2:"),
+        ("pdd-extra.jsonl", PDD_HEAD + "\n" + PDD_OK.replace("{", '{"colour": 1, ', 1), "unknown"),
+        (
+            "pdd-inf-think.jsonl",
+            PDD_HEAD + "\n" + PDD_OK[:-1] + ', "think_time_s": Infinity}',
+            "finite",
+        ),
+        ("pdd-block0.jsonl", PDD_HEAD.replace("512", "0") + "\n" + PDD_OK, "block_tokens"),
+        (
+            "pdd-schema.jsonl",
+            PDD_HEAD.replace('"schema_version": 1', '"schema_version": 9'),
+            "schema",
+        ),
+        (
+            "azure.csv",
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,abc,3\n",
+            ":2:",
+        ),
+        ("azure-cols.csv", "TIME,Tokens\n1,2\n", "missing column"),
+        ("azure-empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
+        (
+            "tracelab.jsonl",
+            '{"input_tokens_total": "many", "session_id": "s", "round_index": 0, '
+            '"prefix_tokens": 0, "output_tokens": 3}\n',
+            ":1:",
+        ),
+    ],
+)
+def test_malformed_traces_are_clear_errors_naming_file_and_line(tmp_path, name, text, words):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TraceError) as err:
+        read_trace(path)
+    assert words in str(err.value) and name in str(err.value)
+
+
+def test_trace_stats_on_a_malformed_trace_exits_2_without_a_traceback(tmp_path):
+    from typer.testing import CliRunner
+
+    from testbed.cli import app
+
+    path = tmp_path / "bad.jsonl"
+    path.write_text(MOONCAKE_OK.replace("[1, 2]", "null") + "\n")
+    result = CliRunner().invoke(app, ["trace", "stats", str(path)])
+    assert result.exit_code == 2 and "hash_ids" in result.output
+    assert "Traceback" not in result.output
+    good = tmp_path / "good.jsonl"
+    good.write_text(MOONCAKE_OK + "\n")
+    result = CliRunner().invoke(app, ["trace", "stats", str(good), "--cache-blocks", "-1"])
+    assert result.exit_code == 2 and "cache-blocks" in result.output

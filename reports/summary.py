@@ -1,0 +1,114 @@
+"""A run's results as data: ``summary.json`` and ``summary.csv`` beside the report.
+
+Schema (version 1). ``summary.json``::
+
+    {"schema_version": 1, "run_dir": ..., "scenario": NAME, "git_commit": ...,
+     "systems": [ROW, ...]}
+
+and ``summary.csv`` holds the same rows, one per system, a column per field (the
+``errors`` mapping flattened to ``errors_<status>`` columns). A ROW has:
+
+- ``system``; ``requests`` (every record); ``ok``; ``errors``: {status: count} for
+  every status other than ``ok`` (rejected, client_cancelled, upstream_error, error);
+- for each of ``ttft``, ``itl`` (every gap between a request's tokens), ``tpot`` (per
+  request: (end - first token) / (output tokens - 1)) and ``e2e``, in seconds:
+  ``<m>_mean_s``, ``<m>_std_s``, ``<m>_p50_s``, ``<m>_p90_s``, ``<m>_p99_s``
+  (successful requests only; null when there are none);
+- ``span_s`` (first arrival to last finish), ``requests_per_s``, ``output_tokens_per_s``;
+- ``sla_attainment`` (share of requests meeting the scenario's SLA),
+  ``sla_goodput_rps`` (requests meeting it per second), ``cost_per_hour``, ``bcr``;
+- ``wan_kv_bytes`` (KV bytes that crossed the WAN, from the records).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from protocol.metrics import percentile
+from protocol.records import write_atomic
+from reports.run_data import RunData
+from reports.tables import goodput_bcr
+
+SCHEMA_VERSION = 1
+METRICS = ("ttft", "itl", "tpot", "e2e")
+
+
+def rows(run: RunData) -> list[dict]:
+    money = goodput_bcr(run).set_index("system") if run.systems else pd.DataFrame()
+    out = []
+    for name, s in run.systems.items():
+        r = s.records
+        ok = r[r["status"] == "ok"]
+        status = r["status"].value_counts().to_dict()
+        row = {
+            "system": name,
+            "requests": len(r),
+            "ok": int(status.pop("ok", 0)),
+            "errors": {k: int(v) for k, v in sorted(status.items())},
+        }
+        for metric, values in _metrics(ok).items():
+            v = np.asarray(values, float)
+            row[f"{metric}_mean_s"] = float(v.mean()) if len(v) else None
+            row[f"{metric}_std_s"] = float(v.std()) if len(v) else None
+            for p in (50, 90, 99):
+                row[f"{metric}_p{p}_s"] = percentile(v, p) if len(v) else None
+        m = money.loc[name] if name in money.index else {}
+        span = float(m.get("span_s", 0) or 0)
+        row["span_s"] = span
+        row["requests_per_s"] = len(ok) / span if span > 0 else None
+        row["output_tokens_per_s"] = float(ok["output_tokens"].sum()) / span if span > 0 else None
+        for key in ("sla_attainment", "sla_goodput_rps", "cost_per_hour", "bcr"):
+            row[key] = _number(m.get(key))
+        wan = r[r.get("kv_link", pd.Series(index=r.index, dtype=object)) == "wan"]
+        row["wan_kv_bytes"] = int(wan["kv_bytes"].fillna(0).sum()) if not wan.empty else 0
+        out.append(row)
+    return out
+
+
+def _metrics(ok: pd.DataFrame) -> dict[str, list[float]]:
+    ttft = (ok["first_token"] - ok["arrival"]).dropna().tolist()
+    e2e = (ok["finish"] - ok["arrival"]).dropna().tolist()
+    itl, tpot = [], []
+    for times in ok["token_times"]:
+        t = np.asarray(times, float)
+        if len(t) > 1:
+            itl += np.diff(t).tolist()
+            tpot.append(float((t[-1] - t[0]) / (len(t) - 1)))
+    return {"ttft": ttft, "itl": itl, "tpot": tpot, "e2e": e2e}
+
+
+def _number(value) -> float | None:
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def write(run: RunData) -> tuple[Path, Path]:
+    """summary.json and summary.csv in the run's directory."""
+    data = rows(run)
+    first = next(iter(run.systems.values()), None)
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "run_dir": str(run.path),
+        "scenario": run.scenario.get("name"),
+        "git_commit": first.manifest.get("git_commit") if first else None,
+        "systems": data,
+    }
+    json_path, csv_path = Path(run.path) / "summary.json", Path(run.path) / "summary.csv"
+    write_atomic(json_path, json.dumps(doc, indent=2))
+    flat = [
+        {**{k: v for k, v in row.items() if k != "errors"}}
+        | {f"errors_{k}": v for k, v in row["errors"].items()}
+        for row in data
+    ]
+    write_atomic(csv_path, pd.DataFrame(flat).to_csv(index=False))
+    return json_path, csv_path

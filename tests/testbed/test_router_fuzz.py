@@ -1,0 +1,158 @@
+"""The router against hostile and careless requests (a real router process; its only
+server is unreachable, which the malformed requests must never get as far as): every
+one is a clear JSON error with the right status and a ``rejected`` record, and the
+router goes on serving."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from protocol import headers
+from testbed.router.config import RouterConfig, ServerEntry
+from testbed.router.validate import RequestLimits
+from tests.testbed.test_router_unit import free_port
+
+OK = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+
+# (endpoint, body or raw bytes, extra headers, expected status, words in the message)
+CASES = [
+    ("/generate", b"{not json", {}, 400, "not JSON"),
+    ("/generate", b"", {}, 400, "not JSON"),
+    ("/generate", b"\xff\xfe\x00garbage", {}, 400, "not JSON"),
+    ("/generate", b"[" * 100_000, {}, 400, "JSON"),
+    ("/generate", b'"a string"', {}, 400, "JSON object"),
+    ("/generate", b"[1, 2]", {}, 400, "JSON object"),
+    ("/generate", b"null", {}, 400, "JSON object"),
+    ("/generate", {}, {}, 400, "exactly one of text and input_ids"),
+    ("/generate", {"text": "a", "input_ids": [1]}, {}, 400, "exactly one"),
+    ("/generate", {"input_ids": []}, {}, 400, "input_ids"),
+    ("/generate", {"input_ids": "1 2 3"}, {}, 400, "input_ids"),
+    ("/generate", {"input_ids": [1, "2"]}, {}, 400, "input_ids"),
+    ("/generate", {"input_ids": [1, 2.5]}, {}, 400, "input_ids"),
+    ("/generate", {"input_ids": [1, True]}, {}, 400, "input_ids"),
+    ("/generate", {"input_ids": [[1, 2], [3]]}, {}, 400, "input_ids"),
+    ("/generate", {"input_ids": [1, -5]}, {}, 400, "vocabulary"),
+    ("/generate", {"input_ids": [1, 1000]}, {}, 400, "vocabulary"),
+    ("/generate", {"input_ids": [10**30]}, {}, 400, "vocabulary"),
+    (
+        "/generate",
+        {"input_ids": [1] * 4000, "sampling_params": {"max_new_tokens": 200}},
+        {},
+        400,
+        "context",
+    ),
+    ("/generate", {**OK, "sampling_params": "fast"}, {}, 400, "sampling_params"),
+    ("/generate", {**OK, "sampling_params": {"max_new_tokens": -1}}, {}, 400, "max_new_tokens"),
+    ("/generate", {**OK, "sampling_params": {"max_new_tokens": [4]}}, {}, 400, "max_new_tokens"),
+    ("/generate", {**OK, "sampling_params": {"max_new_tokens": "4"}}, {}, 400, "max_new_tokens"),
+    ("/generate", {**OK, "sampling_params": {"temperature": -1}}, {}, 400, "temperature"),
+    ("/generate", {**OK, "sampling_params": {"temperature": "hot"}}, {}, 400, "temperature"),
+    ("/generate", {**OK, "sampling_params": {"top_p": 0}}, {}, 400, "top_p"),
+    ("/generate", {**OK, "sampling_params": {"n": 3}}, {}, 400, "n"),
+    ("/generate", {**OK, "sampling_params": {"stop": 5}}, {}, 400, "stop"),
+    ("/generate", {**OK, "stream": "no"}, {}, 400, "stream"),
+    ("/generate", {**OK, "stream": 1}, {}, 400, "stream"),
+    ("/generate", {**OK, "rid": "pdd-md-42"}, {}, 400, "rid"),
+    ("/generate", {**OK, "rid": "pdd-align-1"}, {}, 400, "rid"),
+    ("/generate", {**OK, "rid": 7}, {}, 400, "rid"),
+    ("/generate", OK, {headers.TURN: "first"}, 400, "x-turn"),
+    ("/generate", OK, {headers.TURN: "-1"}, 400, "x-turn"),
+    ("/generate", OK, {headers.TURN: "99999999999999999999"}, 400, "x-turn"),
+    ("/generate", OK, {headers.HANDOFF_AT: "soon"}, 400, "x-pdd-handoff-at"),
+    ("/generate", OK, {headers.HANDOFF_AT: "0"}, 400, "x-pdd-handoff-at"),
+    ("/generate", OK, {headers.HANDOFF_MODE: "sideways"}, 400, "x-pdd-handoff-mode"),
+    ("/generate", OK, {headers.PIPELINE: "P->X"}, 400, "x-pdd-pipeline"),
+    ("/generate", OK, {headers.SESSION: "s" * 500}, 400, "x-session-id"),
+    ("/generate", OK, {headers.REQUEST_ID: "a\tb"}, 400, "x-request-id"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "model": "gpt-9"}, {}, 404, "gpt-9"),
+    ("/v1/completions", {"max_tokens": 2}, {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "", "max_tokens": 2}, {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": {"text": "hi"}}, {}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": [2]}, {}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10**9}, {}, 400, "context"),
+    ("/v1/completions", {"prompt": [1, 5000], "max_tokens": 2}, {}, 400, "vocabulary"),
+    ("/v1/chat/completions", {"max_tokens": 2}, {}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": []}, {}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": ["hi", "there"]}, {}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"content": "hi"}]}, {}, 400, "role"),
+    ("/v1/chat/completions", {**CHAT, "stream": "yes"}, {}, 400, "stream"),
+    ("/v1/chat/completions", {**CHAT, "model": "unknown"}, {}, 404, "unknown"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": -3}, {}, 400, "max_completion"),
+]
+
+
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    dead, port = free_port(), free_port()
+    config = RouterConfig(
+        system="colocated",
+        policy="colocated",
+        records=tmp / "records.jsonl",
+        host="127.0.0.1",
+        port=port,
+        servers=[
+            ServerEntry(name="gone", url=f"http://127.0.0.1:{dead}", role="colocated", host="x")
+        ],
+        limits=RequestLimits(
+            vocab_size=1000, context_tokens=4096, served_models=("default",), max_body_bytes=1 << 20
+        ),
+    )
+    (tmp / "router.json").write_text(config.model_dump_json())
+    log = open(tmp / "router.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "testbed.router", str(tmp / "router.json")], stdout=log, stderr=log
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(url + "/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield url, tmp
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def test_every_malformed_request_is_a_clear_json_error_and_a_rejected_record(router):
+    url, tmp = router
+    assert len(CASES) >= 40
+    for path, body, extra, status, words in CASES:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        r = httpx.post(url + path, content=data, headers=extra, timeout=10)
+        assert r.status_code == status, (path, body if len(data) < 300 else data[:40], r.text)
+        error = r.json()["error"]
+        assert words.lower() in error["message"].lower(), (words, error)
+        assert error["code"] == status
+    time.sleep(0.2)
+    records = [json.loads(x) for x in (tmp / "records.jsonl").read_text().splitlines()]
+    assert len(records) == len(CASES)  # exactly one record each
+    assert {r["status"] for r in records} == {"rejected"}
+    # Still serving: a valid request gets as far as routing (its only server is down).
+    r = httpx.post(url + "/generate", json=OK, timeout=30)
+    assert r.status_code == 503 and "gone" in r.json()["error"]["message"]  # health-checked
+
+
+def test_a_body_over_the_limit_and_a_bad_charset_are_refused_cleanly(router):
+    url, _ = router
+    big = json.dumps({"input_ids": [1] * 400_000}).encode()  # 1.2 MB > 1 MiB
+    r = httpx.post(url + "/generate", content=big, timeout=30)
+    assert r.status_code == 413 and "bytes" in r.json()["error"]["message"]
+    r = httpx.post(
+        url + "/generate",
+        content=json.dumps(OK).encode(),
+        headers={"Content-Type": "application/json; charset=klingon"},
+        timeout=30,
+    )
+    assert r.status_code == 503  # the charset is ignored (JSON is UTF-8): it reached routing
