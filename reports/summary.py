@@ -110,5 +110,8 @@ def write(run: RunData) -> tuple[Path, Path]:
         | {f"errors_{k}": v for k, v in row["errors"].items()}
         for row in data
     ]
-    write_atomic(csv_path, pd.DataFrame(flat).to_csv(index=False))
+    frame = pd.DataFrame(flat)
+    errors = [c for c in frame.columns if c.startswith("errors_")]
+    frame[errors] = frame[errors].fillna(0).astype(int)  # no such error: 0
+    write_atomic(csv_path, frame.to_csv(index=False))
     return json_path, csv_path

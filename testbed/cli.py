@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from testbed import model as model_mod
 from testbed.net_cli import net_app
@@ -217,6 +218,38 @@ def report(run_dir: Path = typer.Argument(..., help="A bench run directory.")) -
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     console.print(f"report: {path}")
+
+
+@app.command()
+def compare(
+    run_dirs: list[Path] = typer.Argument(..., help="Two or more bench run directories."),
+    out: Path = typer.Option(Path("compare.html"), help="Where the HTML comparison goes."),
+) -> None:
+    """Runs side by side: per system and metric, each run's value and its change against
+    the first run (printed, and written as HTML)."""
+    from reports.compare import compare as compare_runs
+    from reports.compare import write_html
+
+    try:
+        frame = compare_runs(run_dirs)
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from exc
+    table = Table(title="run comparison (changes relative to the first run)")
+    for column in frame.columns:
+        table.add_column(str(column), justify="left" if column in ("system", "metric") else "right")
+    for row in frame.itertuples(index=False):
+        table.add_row(*(_cell(column, v) for column, v in zip(frame.columns, row, strict=True)))
+    console.print(table)
+    console.print(f"comparison: {write_html(frame, run_dirs, out)}")
+
+
+def _cell(column: str, value) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:+.1%}" if column.startswith("change") else f"{value:.4g}"
+    return str(value)
 
 
 @app.command("bench-transfer")

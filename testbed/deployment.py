@@ -258,6 +258,7 @@ class Deployment:
             port=cfg.router_port,
             pdd=self._pdd_config(),
             limits=self._request_limits(),
+            tokenizer=self.scenario.model.resolve(),
         )
         path = self.run_dir / "router.json"
         path.write_text(config.model_dump_json(indent=2))

@@ -6,14 +6,22 @@
 
 Closed loop (default): each user replays whole sessions, turn n+1 after turn n finished
 plus its think time. Open loop (``--mode open``): requests leave at their arrival
-times (``--speedup`` compresses time). TTFT, inter-token latency, end-to-end latency
-and output tokens reach Locust as request events under separate names (``ttft_s``,
-``itl_s``, ``e2e_s``, ``output_tokens``), so the web UI and ``--csv`` show each.
+times (``--speedup`` compresses time). Each request is one Locust request
+(``/generate``, type ``e2e_s``: its end-to-end time, its output tokens as the length);
+its TTFT, every inter-token gap and its output tokens are logged beside it under the
+types ``ttft_s``, ``itl_s`` and ``output_tokens``, so the web UI and ``--csv`` show
+each, while the Aggregated row counts requests once.
+
+Lifecycle: the trace is read at ``test_start`` (a missing or bad ``--trace`` stops the
+run there with a clear error and exit code 1); state resets at every ``test_start``,
+so the web UI can run a second test; when the trace is done the runner stops (headless:
+quits).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import time
 import uuid
@@ -59,16 +67,31 @@ class _Shared:
     exhausted = False
 
     @classmethod
-    def init(cls, options) -> None:
+    def start(cls, options) -> None:
+        """A fresh test: read the trace, reset every counter."""
+        if not options.trace:
+            raise ValueError(
+                "--trace is required: a trace file (pdd JSONL/parquet, mooncake, azure, tracelab)"
+            )
+        trace = read_trace(options.trace, options.trace_format)
         with cls.lock:
-            if cls.sessions is not None:
-                return
-            if not options.trace:
-                raise ValueError("--trace is required")
-            trace = read_trace(options.trace, options.trace_format)
             cls.synth = TokenSynth(options.vocab_size, trace.block_tokens, options.token_seed)
             cls.sessions = iter(session_order(trace))
-            cls.sink = JsonlWriter(options.records or None)
+            if cls.sink is None:
+                cls.sink = JsonlWriter(options.records or None)
+            cls.sent = itertools.count()
+            cls.open_loop_started, cls.active, cls.exhausted = False, 0, False
+
+
+@events.test_start.add_listener
+def _start(environment, **_) -> None:
+    try:
+        _Shared.start(environment.parsed_options)
+    except (OSError, ValueError) as exc:
+        logging.getLogger("pdd.locust").error("cannot start: %s", exc)
+        environment.process_exit_code = 1
+        if environment.runner is not None:
+            gevent.spawn_later(0, environment.runner.quit)
 
 
 def _fire(name: str, metric: Metric, value: float, length: int = 0, exc=None) -> None:
@@ -82,11 +105,18 @@ def _fire(name: str, metric: Metric, value: float, length: int = 0, exc=None) ->
     )
 
 
+def _log_beside(environment, name: str, metric: Metric, value: float, length: int = 0) -> None:
+    """A sample in its own statistics row, outside the Aggregated row (which counts
+    requests, each once)."""
+    environment.stats.get(name, metric.value).log(value * 1000.0, length)
+
+
 class TraceUser(User):
     """A client replaying sessions through the router's streaming /generate."""
 
     def on_start(self) -> None:
-        _Shared.init(self.environment.parsed_options)
+        if _Shared.sessions is None:  # the trace could not be read: nothing to do
+            raise StopUser()
         import requests
 
         self.http = requests.Session()
@@ -134,15 +164,15 @@ class TraceUser(User):
         return record, output
 
     def _report(self, r: ClientRecord) -> None:
-        name = "/generate"
+        name, env = "/generate", self.environment
         if r.status != "ok":
             _fire(name, Metric.E2E, (r.finish or time.time()) - r.sent, 0, RuntimeError(r.error))
             return
-        _fire(name, Metric.TTFT, r.ttft)
-        if r.itls:
-            _fire(name, Metric.ITL, sum(r.itls) / len(r.itls))
         _fire(name, Metric.E2E, r.e2e, r.output_tokens)
-        _fire(name, Metric.OUTPUT_TOKENS, 0.0, r.output_tokens)
+        _log_beside(env, name, Metric.TTFT, r.ttft)
+        for gap in r.itls:  # every inter-token gap: Locust's percentiles are per token
+            _log_beside(env, name, Metric.ITL, gap)
+        _log_beside(env, name, Metric.OUTPUT_TOKENS, 0.0, r.output_tokens)
 
     @task
     def replay(self) -> None:
@@ -181,10 +211,13 @@ class TraceUser(User):
 
     def _finish_if_done(self) -> None:
         """The whole trace has been replayed: end the run instead of idling until -t."""
-        if _Shared.exhausted and _Shared.active == 0 and self.environment.runner is not None:
-            # Locust writes --csv stats every second; quitting sooner could drop the
-            # last requests from the files.
-            gevent.spawn_later(2.5, self.environment.runner.quit)
+        runner = self.environment.runner
+        if _Shared.exhausted and _Shared.active == 0 and runner is not None:
+            # Locust writes --csv stats every second; ending sooner could drop the
+            # last requests from the files. The web UI's runner stops (another test
+            # can follow); a headless one quits.
+            headless = getattr(self.environment.parsed_options, "headless", False)
+            gevent.spawn_later(2.5, runner.quit if headless else runner.stop)
 
     def _open_loop(self, options) -> None:
         with _Shared.lock:

@@ -27,6 +27,7 @@ from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
 from testbed import dilation, planning
 from testbed.bench import calibrate
+from testbed.bench.progress import LoadProgress
 from testbed.deployment import Deployment
 from testbed.model import describe as describe_model
 from testbed.run_dirs import new_run_dir
@@ -34,6 +35,7 @@ from testbed.scenario import Scenario
 from testbed.workload_cli import locust_argv
 from topologies.check import check_network
 from workloads.client import generate_payload
+from workloads.trace import Trace
 
 NET_NAME = "bench"
 
@@ -95,19 +97,16 @@ def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console
             *locust_argv(deployment.router_url, trace, scenario.workload, out),
         ]
         t0 = time.monotonic()
+        total = _requests_in(trace, scenario.workload.max_requests)
         with open(out / "locust.log", "w") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-            with console.status("") as status:
+            with LoadProgress(console, system, out / "client.jsonl", total) as progress:
                 while proc.poll() is None:
                     if problems := deployment.problems():
                         proc.terminate()
                         proc.wait(30)
                         raise DeploymentDied(f"{system}: " + "; ".join(problems))
-                    done = _lines(out / "client.jsonl")
-                    status.update(
-                        f"[bold]{system}[/bold]: {done} requests done, "
-                        f"{time.monotonic() - t0:.0f} s"
-                    )
+                    progress.update()
                     time.sleep(1.0)
         if proc.returncode not in (0, 1):  # Locust exits 1 when some requests failed
             raise RuntimeError(
@@ -148,6 +147,15 @@ def warm_up(deployment: Deployment, scenario: Scenario, out: Path) -> None:
     time.sleep(1.0)  # the router writes a record after its last token
     if deployment.records_path.exists():
         deployment.records_path.rename(out / "warmup-records.jsonl")
+
+
+def _requests_in(trace: Path, max_requests: int) -> int | None:
+    """The load's total: the trace's requests (at most ``max_requests``)."""
+    try:
+        n = sum(1 for _ in Trace.load(trace).requests)
+    except (OSError, ValueError):
+        return None
+    return min(n, max_requests) if max_requests else n
 
 
 def _lines(path: Path) -> int:

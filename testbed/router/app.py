@@ -24,16 +24,20 @@ from protocol.records import JsonlWriter, RequestRecord
 from protocol.rooms import new_room
 from protocol.stream import Chunk, OutputStream, error_body
 from testbed.router.after import AfterRequest
-from testbed.router.client_stream import STREAM, answer_error
+from testbed.router.client_stream import FRONT, STREAM, answer_error, client_line, upstream_path
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.health import Health
+from testbed.router.openai import CHAT, COMPLETIONS, OpenAIFront
 from testbed.router.policies import Loads, PddPolicy, Route, make_policy
 from testbed.router.relay import RelayedPipeline
+from testbed.router.tokens import RouterTokenizer
 from testbed.router.transfers import TransferIndex
 from testbed.router.upstream import Upstream, UpstreamError, cached_tokens, lines, read_or_abort
 from testbed.router.validate import Rejected, check_body, check_headers
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
+INFO = ("/v1/models", "/model_info", "/server_info")  # answered by a server
+OPENAI = (COMPLETIONS, CHAT)  # tokenized at the router, served natively
 logger = logging.getLogger("pdd.router")
 
 
@@ -52,6 +56,7 @@ class Router:
         }
         self._background: set[asyncio.Task] = set()  # work that outlives its request
         self.active = 0  # requests being handled
+        self.tokenizer = RouterTokenizer(config.tokenizer) if config.tokenizer else None
         self.after: AfterRequest | None = None
         self.relayed: RelayedPipeline | None = None
         if isinstance(self.policy, PddPolicy):
@@ -66,6 +71,9 @@ class Router:
         for path in ENDPOINTS:
             app.router.add_post(path, self.handle)
         app.router.add_get("/health", self.health)
+        for path in INFO:
+            app.router.add_get(path, self.info)
+        app.router.add_route("*", "/flush_cache", self.flush_cache)
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -97,6 +105,43 @@ class Router:
                 "down": dict(self.loads.down),
             }
         )
+
+    async def info(self, request: web.Request) -> web.Response:
+        """What a server says about the model (all serve the same one): the answer of
+        the first healthy server, as it gave it."""
+        up = [s for s in self.config.servers if s.name not in self.loads.down]
+        if not up:
+            return web.json_response(error_body("no healthy server", 503, "overloaded"), status=503)
+        try:
+            async with self.upstream.session(up[0].role).get(up[0].url + request.path) as r:
+                body = await r.read()
+                return web.Response(body=body, status=r.status, content_type=r.content_type)
+        except (TimeoutError, ClientError, OSError) as exc:
+            message = f"{up[0].name}: {exc!r}"
+            return web.json_response(error_body(message, 502, "upstream_error"), status=502)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """Every server's prefix cache emptied (SGLang's /flush_cache on each), and the
+        router's mirror of main decode's cache with them."""
+
+        async def one(server: ServerEntry) -> tuple[str, str | None]:
+            try:
+                async with self.upstream.session(server.role).post(
+                    server.url + "/flush_cache"
+                ) as r:
+                    text = await r.text()
+                    return server.name, None if r.status == 200 else f"{r.status}: {text[:200]}"
+            except (TimeoutError, ClientError, OSError) as exc:
+                return server.name, repr(exc)[:200]
+
+        results = dict(await asyncio.gather(*(one(s) for s in self.config.servers)))
+        if isinstance(self.policy, PddPolicy):
+            self.policy.mirror.clear()
+        failed = {name: why for name, why in results.items() if why}
+        if failed:
+            message = "; ".join(f"{name}: {why}" for name, why in failed.items())
+            return web.json_response(error_body(message, 502, "upstream_error"), status=502)
+        return web.json_response({"flushed": sorted(results)})
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Admission control around :meth:`_handle`: past ``max_in_flight`` requests,
@@ -130,6 +175,12 @@ class Router:
             record.session_id, record.turn = meta.session, meta.turn
             body = await self._body(request)
             check_body(request.path, body, self.config.limits)
+            if request.path in OPENAI and self.tokenizer is not None:
+                front = request[FRONT] = OpenAIFront(request.path, body, self.tokenizer)
+                body = front.native()
+                check_body("/generate", body, self.config.limits)  # the context, in ids
+            else:
+                body = self._tokenized(request.path, body)
         except Rejected as exc:
             return self._reject(record, exc)
         turn_done = None
@@ -182,6 +233,17 @@ class Router:
         except RecursionError:
             raise Rejected("request body: JSON nested too deeply") from None
 
+    def _tokenized(self, path: str, body: dict) -> dict:
+        """A native text prompt as the token ids its server would compute, so that
+        routing (the prefix mirror, relay decode's handoff) sees the ids."""
+        if self.tokenizer is None or path != "/generate" or body.get("text") is None:
+            return body
+        ids = self.tokenizer.encode(body["text"])
+        native = {k: v for k, v in body.items() if k != "text"}
+        native["input_ids"] = ids
+        check_body(path, native, self.config.limits)  # the context, now that ids are known
+        return native
+
     def _reject(self, record: RequestRecord, exc: Rejected) -> web.Response:
         """A refused request: a JSON error, and a record that says so."""
         record.status, record.error = "rejected", str(exc)[:500]
@@ -231,7 +293,7 @@ class Router:
             "bootstrap_room": record.room,
         }
         prefill = asyncio.create_task(
-            self.upstream.prefill(route.prefill, request.path, pd_body, record)
+            self.upstream.prefill(route.prefill, upstream_path(request), pd_body, record)
         )
         decode = asyncio.create_task(
             self._relay(request, route.stream_from, pd_body, record, abort_if=prefill)
@@ -274,7 +336,8 @@ class Router:
         # a non-streamed request closes the upstream call too (SGLang then aborts it).
         left = None if body.get("stream") else asyncio.ensure_future(client_left(request))
         try:
-            posted = read_or_abort(self.upstream.post(server, request.path, body), abort_if)
+            path = upstream_path(request)
+            posted = read_or_abort(self.upstream.post(server, path, body), abort_if)
             upstream = await read_or_abort(posted, left)
         except BaseException:
             if left is not None:
@@ -285,21 +348,26 @@ class Router:
                 text = await read_or_abort(read_or_abort(upstream.text(), abort_if), left)
                 record.finish = time.time()
                 _record_final(record, text, upstream.status)
+                front = request.get(FRONT)
+                if front is not None and upstream.status == 200:
+                    return web.json_response(front.final(json.loads(text)))
                 return web.Response(
                     text=text, status=upstream.status, content_type=upstream.content_type
                 )
             response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
             await response.prepare(request)
             request[STREAM] = response
-            out = OutputStream(native=request.path == "/generate")
+            out = OutputStream(native=upstream_path(request) == "/generate")
             try:
                 async for line in lines(upstream, abort_if):
                     now = time.time()
-                    new = out.feed(Chunk.parse(line))
+                    chunk = Chunk.parse(line)
+                    new = out.feed(chunk)
                     if new:
                         record.token_times.extend([now] * new)
                         record.first_token = record.first_token or now
-                    await response.write(line)
+                    if sent := client_line(request, chunk):
+                        await response.write(sent)
                 if not out.done and not out.error:  # no finish, no [DONE]: cut short
                     raise UpstreamError(f"{server.name}'s stream ended before the request did")
                 await response.write_eof()

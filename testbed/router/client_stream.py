@@ -12,6 +12,18 @@ from protocol.records import RequestRecord
 from protocol.stream import DONE_LINE, Chunk, error_body, error_event
 
 STREAM = "pdd.client_stream"  # request[STREAM]: the client's response, once prepared
+FRONT = "pdd.openai_front"  # request[FRONT]: an OpenAI request served natively
+
+
+def upstream_path(request: web.Request) -> str:
+    """The endpoint the servers get: native for a request the router tokenized."""
+    return "/generate" if request.get(FRONT) is not None else request.path
+
+
+def client_line(request: web.Request, chunk: Chunk) -> bytes:
+    """What the client gets for one upstream chunk (in its endpoint's shape)."""
+    front = request.get(FRONT)
+    return chunk.line if front is None else front.line(chunk)
 
 
 class ClientStream:
@@ -29,6 +41,7 @@ class ClientStream:
         if chunk.data is not None:
             self.last = chunk.data
             self.record.prompt_tokens = chunk.meta.get("prompt_tokens", self.record.prompt_tokens)
+        line = client_line(self.request, chunk)  # an OpenAI front follows every chunk
         if not self.stream:
             return
         if self.response is None:
@@ -37,8 +50,8 @@ class ClientStream:
             )
             await self.response.prepare(self.request)
             self.request[STREAM] = self.response
-        if not chunk.done:
-            await self.response.write(chunk.line)
+        if not chunk.done and line:
+            await self.response.write(line)
 
     async def finish(self) -> None:
         self.record.finish = time.time()
@@ -50,7 +63,9 @@ class ClientStream:
             await self.response.write(DONE_LINE)
             await self.response.write_eof()
         else:
-            self.response = web.json_response(self.last or {})
+            front = self.request.get(FRONT)
+            data = self.last or {}
+            self.response = web.json_response(data if front is None else front.final(data))
 
     async def fail(self, message: str) -> web.StreamResponse:
         self.record.status, self.record.error = "upstream_error", message[:500]

@@ -114,6 +114,9 @@ class RouterConfig(BaseModel):
     upstream_timeout_s: float = 600.0
     pdd: PddConfig | None = None
     limits: RequestLimits = RequestLimits()
+    tokenizer: Path | None = Field(
+        None, description="The served model's directory: the router tokenizes text prompts."
+    )
 
     def with_role(self, *roles: str) -> list[ServerEntry]:
         return [s for s in self.servers if s.role in roles]

@@ -18,6 +18,11 @@ class PrefixMirror:
         self.recent: list[list[int]] = []
         self.capacity = recent
 
+    def clear(self) -> None:
+        """Main decode's cache was flushed: it holds nothing now."""
+        self.by_session.clear()
+        self.recent.clear()
+
     def add(self, tokens: list[int], session: str | None) -> None:
         tokens = list(tokens)
         if session:

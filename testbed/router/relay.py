@@ -36,7 +36,7 @@ from protocol.names import HandoffMode, Pipeline
 from protocol.records import RequestRecord
 from protocol.rooms import md_rid
 from testbed.router.after import AfterRequest
-from testbed.router.client_stream import ClientStream
+from testbed.router.client_stream import ClientStream, upstream_path
 from testbed.router.config import PddConfig
 from testbed.router.handoff_channel import HandoffChannel, HandoffError
 from testbed.router.handoff_decision import Action, HandoffState, Knobs, decide, pinned_mode
@@ -79,7 +79,7 @@ class RelayedRequest:
 
     def __init__(self, pipeline: RelayedPipeline, request, body, route, record) -> None:
         self.p, self.body, self.route, self.record = pipeline, body, route, record
-        self.path = request.path
+        self.path = upstream_path(request)
         self.out = ClientStream(request, bool(body.get("stream")), record)
         self.tokens: list[int] = []  # every token the client got, in order
         self.pinned_at = int(request.headers.get(headers.HANDOFF_AT, 0)) or None

@@ -139,18 +139,21 @@ def test_wan_cut_mid_transfer_fails_clearly_then_servers_recover(pd, colocated):
     )
 
 
-def test_openai_endpoints_stream_through_the_router(pd):
-    body = {
+def test_openai_endpoints_stream_through_the_router(pd, colocated):
+    """The router tokenizes OpenAI requests and serves them natively: the same text
+    and token counts as SGLang's own OpenAI endpoints give, streamed or not."""
+    chat = {
         "model": "default",
         "messages": [{"role": "user", "content": "plan the tool call"}],
         "max_tokens": 8,
         "temperature": 0,
-        "stream": True,
+        "ignore_eos": True,
     }
+    own = httpx.post(f"{colocated.spec.url}/v1/chat/completions", json=chat, timeout=120).json()
     with httpx.stream(
         "POST",
         f"{pd.router_url}/v1/chat/completions",
-        json=body,
+        json={**chat, "stream": True, "stream_options": {"include_usage": True}},
         timeout=120,
         headers={headers.SESSION: "s-chat"},
     ) as r:
@@ -160,16 +163,23 @@ def test_openai_endpoints_stream_through_the_router(pd):
             for line in r.iter_lines()
             if line.startswith("data:") and "[DONE]" not in line
         ]
-    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == own["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"]["prompt_tokens"] == own["usage"]["prompt_tokens"]
     rec = last_record(pd, "s-chat")
-    assert rec.output_tokens >= 7 and rec.first_token is not None and rec.kv_bytes > 0
+    assert rec.output_tokens == 8 and rec.first_token is not None and rec.kv_bytes > 0
+    assert rec.prompt_tokens == own["usage"]["prompt_tokens"]
 
-    r = httpx.post(
-        f"{pd.router_url}/v1/completions",
-        json={"model": "default", "prompt": "tool result:", "max_tokens": 4, "temperature": 0},
-        timeout=120,
-    )
-    assert r.status_code == 200 and r.json()["choices"][0]["text"]
+    done = {"model": "default", "prompt": "tool result:", "max_tokens": 4, "temperature": 0}
+    r = httpx.post(f"{pd.router_url}/v1/completions", json=done, timeout=120)
+    own = httpx.post(f"{colocated.spec.url}/v1/completions", json=done, timeout=120).json()
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == own["choices"][0]["text"]
+    assert r.json()["usage"]["prompt_tokens"] == own["usage"]["prompt_tokens"]
+
+    text = {"text": "tool result:", "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    r = httpx.post(f"{pd.router_url}/generate", json=text, timeout=120)
+    own = httpx.post(f"{colocated.spec.url}/generate", json=text, timeout=120).json()
+    assert r.json()["output_ids"] == own["output_ids"] and r.json()["text"] == own["text"]
 
 
 def server_busy(pd: Deployment, role: str) -> int:

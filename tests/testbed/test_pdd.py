@@ -6,6 +6,7 @@ way); a colocated server is the greedy reference every stream must equal.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -297,6 +298,39 @@ def test_malformed_frames_to_the_handoff_listener_close_the_connection(pdd, colo
     )
     rec = record_of(pdd, "after-bad-frames")
     assert rec.decode_server.startswith("main_decode")
+
+
+def test_an_openai_chat_request_is_relayed_like_a_native_one(pdd, colocated):
+    """Tokenized at the router, a long chat prompt goes P->RLD->MD with a handoff, and
+    its text is SGLang's own answer to the same chat request."""
+    rng = random.Random(71)
+    words = " ".join(f"step{rng.randrange(10**6)}" for _ in range(300))
+    chat = {
+        "model": "default",
+        "messages": [{"role": "user", "content": words}],
+        "max_tokens": 120,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    own = httpx.post(f"{colocated.spec.url}/v1/chat/completions", json=chat, timeout=300).json()
+    with httpx.stream(
+        "POST",
+        f"{pdd.router_url}/v1/chat/completions",
+        json={**chat, "stream": True},
+        headers={headers.SESSION: "openai-relay", headers.TURN: "0"},
+        timeout=300,
+    ) as r:
+        assert r.status_code == 200
+        chunks = [
+            json.loads(line[5:])
+            for line in r.iter_lines()
+            if line.startswith("data:") and "[DONE]" not in line
+        ]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == own["choices"][0]["message"]["content"]
+    rec = record_of(pdd, "openai-relay")
+    assert rec.endpoint == "/v1/chat/completions" and rec.pipeline == "P->RLD->MD"
+    assert rec.prompt_tokens == own["usage"]["prompt_tokens"] and rec.output_tokens == 120
 
 
 # Last in this module: it kills the deployment's relay and main decode servers.

@@ -18,11 +18,25 @@ from tests.testbed.test_router_unit import free_port
 
 
 class StandIn(BaseHTTPRequestHandler):
+    flushed: list[int] = []  # the ports whose cache was flushed
+
     def do_GET(self):  # noqa: N802 - http.server's name
+        if self.path == "/v1/models":
+            body = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]})
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+            return
         self.send_response(200 if self.path in ("/health", "/ping") else 404)
         self.end_headers()
 
     def do_POST(self):  # noqa: N802
+        if self.path == "/flush_cache":
+            StandIn.flushed.append(self.server.server_address[1])
+            self.send_response(200)
+            self.end_headers()
+            return
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if request.get("stream"):  # two tokens, then the server "dies": connection cut
             self.send_response(200)
@@ -160,5 +174,46 @@ def test_a_server_dying_mid_stream_ends_the_stream_with_an_error_event(tmp_path)
     finally:
         stand_in.shutdown()
         stand_in.server_close()
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_model_info_is_a_servers_and_flush_cache_reaches_every_server(tmp_path):
+    ports, port = [free_port(), free_port()], free_port()
+    config = RouterConfig(
+        system="colocated",
+        policy="colocated",
+        records=tmp_path / "records.jsonl",
+        host="127.0.0.1",
+        port=port,
+        servers=[
+            ServerEntry(name=f"s{i}", url=f"http://127.0.0.1:{p}", role="colocated", host="x")
+            for i, p in enumerate(ports)
+        ],
+    )
+    (tmp_path / "router.json").write_text(config.model_dump_json())
+    stand_ins = [serve(p) for p in ports]
+    proc = subprocess.Popen([sys.executable, "-m", "testbed.router", str(tmp_path / "router.json")])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(url + "/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        models = httpx.get(url + "/v1/models", timeout=10).json()
+        assert models["data"][0]["id"] == "tiny"  # what the server serves, as it says it
+        StandIn.flushed.clear()
+        r = httpx.post(url + "/flush_cache", timeout=10)
+        assert r.status_code == 200 and sorted(StandIn.flushed) == sorted(ports)
+        stand_ins[1].shutdown()
+        stand_ins[1].server_close()
+        r = httpx.post(url + "/flush_cache", timeout=10)
+        assert r.status_code == 502 and "s1" in r.json()["error"]["message"]
+    finally:
+        for s in stand_ins:
+            s.shutdown()
+            s.server_close()
         proc.terminate()
         proc.wait(timeout=10)

@@ -97,6 +97,12 @@ def test_closed_loop_sessions_through_locust(router, tmp_path):
         assert metric.value in types, types
     ttft = next(r for r in rows if r["Type"] == Metric.TTFT.value)
     assert int(ttft["Request Count"]) == len(trace.requests) and int(ttft["Failure Count"]) == 0
+    # Requests count once in the Aggregated row; ITL has a sample per token gap.
+    total = next(r for r in rows if r["Name"] == "Aggregated")
+    assert int(total["Request Count"]) == len(trace.requests)
+    itl = next(r for r in rows if r["Type"] == Metric.ITL.value)
+    gaps = sum(r.output_length - 1 for r in trace.requests)
+    assert int(itl["Request Count"]) == gaps
 
     records = [json.loads(line) for line in (tmp_path / "client.jsonl").read_text().splitlines()]
     assert len(records) == len(trace.requests)
@@ -141,3 +147,28 @@ def test_open_loop_replays_arrival_times(router, tmp_path):
     assert [r["session_id"] for r in records] == ["o0", "o1", "o2"]
     gaps = [b["sent"] - a["sent"] for a, b in zip(records, records[1:], strict=False)]
     assert all(0.8 <= g <= 1.5 for g in gaps), gaps  # sent on the arrival clock
+
+
+def test_a_missing_or_bad_trace_stops_locust_with_a_clear_error(tmp_path):
+    """No server needed: Locust must refuse at the start, not replay nothing."""
+    for trace, words in (("", "--trace is required"), (tmp_path / "none.jsonl", "none.jsonl")):
+        argv = [
+            sys.executable,
+            "-m",
+            "locust",
+            "-f",
+            str(LOCUSTFILE),
+            "--headless",
+            "-u",
+            "1",
+            "-r",
+            "1",
+            "-t",
+            "30s",
+            "--host",
+            "http://127.0.0.1:9",
+            "--trace",
+            str(trace),
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and words in done.stderr, done.stderr[-2000:]

@@ -1,0 +1,71 @@
+"""Results as data, from hand-made records (standing in for a bench's): summary.json
+and summary.csv carry every system's figures and error kinds; ``testbed compare``
+puts two runs side by side with the change."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from reports import summary
+from reports.compare import compare
+from reports.run_data import load_run
+from testbed.cli import app
+from testbed.scenario import Scenario
+from tests.reports.test_sweep_report import write_point
+
+
+def test_summary_files_hold_every_system_with_percentiles_and_error_kinds(tmp_path):
+    run = tmp_path / "run"
+    write_point(run, Scenario(name="s"), {"colocated": 0.2, "same_site_pd": 0.4})
+    with open(run / "colocated" / "records.jsonl", "a") as f:  # two failures of two kinds
+        for i, status in enumerate(("rejected", "upstream_error")):
+            f.write(
+                json.dumps(
+                    {
+                        "request_id": f"bad{i}",
+                        "system": "colocated",
+                        "endpoint": "/generate",
+                        "arrival": 20.0,
+                        "finish": 20.1,
+                        "status": status,
+                        "error": "x",
+                    }
+                )
+                + "\n"
+            )
+    json_path, csv_path = summary.write(load_run(run))
+    doc = json.loads(json_path.read_text())
+    assert doc["schema_version"] == 1
+    rows = {r["system"]: r for r in doc["systems"]}
+    col = rows["colocated"]
+    assert col["requests"] == 12 and col["ok"] == 10
+    assert col["errors"] == {"rejected": 1, "upstream_error": 1}
+    assert col["ttft_p50_s"] == pytest.approx(0.2) and col["ttft_std_s"] == pytest.approx(0)
+    assert col["itl_p99_s"] == pytest.approx(0.05) and col["tpot_mean_s"] == pytest.approx(0.05)
+    assert rows["same_site_pd"]["ttft_p90_s"] == pytest.approx(0.4)
+    for key in ("sla_goodput_rps", "bcr", "requests_per_s", "output_tokens_per_s", "wan_kv_bytes"):
+        assert key in col
+    with open(csv_path) as f:
+        table = {r["system"]: r for r in csv.DictReader(f)}
+    assert table["colocated"]["errors_rejected"] == "1"
+    assert table["same_site_pd"]["errors_rejected"] == "0"
+    assert float(table["same_site_pd"]["ttft_p50_s"]) == pytest.approx(0.4)
+
+
+def test_compare_gives_each_runs_value_and_the_change(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    write_point(a, Scenario(name="s"), {"pdd": 0.2})
+    write_point(b, Scenario(name="s"), {"pdd": 0.3})
+    frame = compare([a, b])
+    row = frame[(frame.system == "pdd") & (frame.metric == "ttft_p50_s")].iloc[0]
+    assert row["a"] == pytest.approx(0.2) and row["b"] == pytest.approx(0.3)
+    assert row["change b"] == pytest.approx(0.5)
+    result = CliRunner().invoke(app, ["compare", str(a), str(b), "--out", str(tmp_path / "c.html")])
+    assert result.exit_code == 0 and "+50.0%" in result.output
+    assert "ttft_p50_s" in (tmp_path / "c.html").read_text()
+    result = CliRunner().invoke(app, ["compare", str(a), str(tmp_path / "missing")])
+    assert result.exit_code == 2 and "error" in result.output
