@@ -10,6 +10,7 @@ from enum import StrEnum
 
 
 class Env(StrEnum):
+    PLUGIN = "PDD_TESTBED_PLUGIN"  # "1": the SGLang plugin patches this server process
     KV_TRANSFER_LOG = "PDD_KV_TRANSFER_LOG"  # one JSON line per transfer (and handoff)
     HANDOFF_PORT = "PDD_HANDOFF_PORT"  # main decode's handoff listener
     HANDOFF_PARK_TIMEOUT_S = "PDD_HANDOFF_PARK_TIMEOUT_S"  # a parked request gives up

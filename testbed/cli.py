@@ -29,6 +29,9 @@ app.add_typer(net_app, name="net")
 app.add_typer(trace_app, name="trace")
 app.command("load")(load)
 console = Console()
+SET = typer.Option(
+    None, "--set", help="Override a scenario field: dotted.field=value (YAML); repeatable."
+)
 
 DEFAULT = model_mod.ModelShape()
 
@@ -139,6 +142,7 @@ def up(
         "--decode-radix-cache/--no-decode-radix-cache",
         help="Override the scenario's decode-side prefix cache.",
     ),
+    overrides: list[str] = SET,
 ) -> None:
     """Start the scenario's network, SGLang servers and router; leave them serving."""
     from testbed.deployment import Deployment
@@ -147,7 +151,7 @@ def up(
     from topologies.netns import NetworkError
 
     try:
-        sc = Scenario.load(scenario)
+        sc = Scenario.load(scenario, overrides or ())
         if decode_radix_cache is not None:
             servers = sc.servers.model_copy(update={"decode_radix_cache": decode_radix_cache})
             sc = sc.model_copy(update={"servers": servers})
@@ -181,6 +185,7 @@ def bench(
     scenario: str = typer.Argument("default", help="Scenario file or name in scenarios/."),
     system: list[str] = typer.Option(None, help="Run only these systems (repeatable)."),
     out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
+    overrides: list[str] = SET,
 ) -> None:
     """Every system of the scenario on the same network and trace; HTML report at the end."""
     from testbed.bench.run import run_bench
@@ -191,7 +196,7 @@ def bench(
     from topologies.netns import NetworkError
 
     try:
-        run_bench(Scenario.load(scenario), out, console, system or None)
+        run_bench(Scenario.load(scenario, overrides or ()), out, console, system or None)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
     except KeyboardInterrupt:
@@ -270,6 +275,7 @@ def bench_handoff(
     tokens: int = typer.Option(100, min=1, help="Tokens handed off per trial."),
     prompt_tokens: int = typer.Option(64, min=1, help="Prompt length of each trial."),
     out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
+    overrides: list[str] = SET,
 ) -> None:
     """A TOKENS-token handoff over the scenario's WAN: KV shipped vs token ids + recompute."""
     from testbed.bench import handoff
@@ -278,7 +284,8 @@ def bench_handoff(
     from topologies.netns import NetworkError
 
     try:
-        handoff.run(Scenario.load(scenario), out, console, trials, tokens, prompt_tokens)
+        sc = Scenario.load(scenario, overrides or ())
+        handoff.run(sc, out, console, trials, tokens, prompt_tokens)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
 
@@ -287,6 +294,7 @@ def bench_handoff(
 def plan(
     scenario: str = typer.Argument("hetero", help="Scenario file or name in scenarios/."),
     rps: float = typer.Option(None, help="Target load (default: the scenario's plan.target_rps)."),
+    overrides: list[str] = SET,
 ) -> None:
     """Size each design for the scenario's trace under its SLA; print the BCR table."""
     import tempfile
@@ -297,7 +305,7 @@ def plan(
     from workloads.trace import Trace
 
     try:
-        sc = Scenario.load(scenario)
+        sc = Scenario.load(scenario, overrides or ())
         if rps is not None:
             sc = sc.model_copy(update={"plan": sc.plan.model_copy(update={"target_rps": rps})})
         with tempfile.TemporaryDirectory() as tmp:

@@ -84,6 +84,10 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
         delay_ms=wan.delay_ms * k,
         jitter_ms=wan.jitter_ms * k,
     )
+    for event in data["network"]["wan_schedule"]:  # its times and rates, likewise
+        event.update(at_s=event["at_s"] * k, for_s=event["for_s"] * k)
+        if event.get("rate_mbit") is not None:
+            event["rate_mbit"] *= scale / k
     data["sla"].update(ttft_s=_times(scenario.sla.ttft_s, k), itl_s=_times(scenario.sla.itl_s, k))
     pdd = data["pdd"]
     pdd["direct_wan_bound_s"] *= k

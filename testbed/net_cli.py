@@ -21,11 +21,14 @@ net_app = typer.Typer(
 console = Console()
 
 NAME = typer.Option("default", "--name", help="Network name (namespaces pddtb-NAME-*).")
+SET = typer.Option(
+    None, "--set", help="Override a scenario field: dotted.field=value (YAML); repeatable."
+)
 
 
-def _load(scenario: str) -> Scenario:
+def _load(scenario: str, overrides: list[str] | None = None) -> Scenario:
     try:
-        return Scenario.load(scenario)
+        return Scenario.load(scenario, overrides or ())
     except ScenarioError as exc:
         console.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from exc
@@ -59,9 +62,10 @@ def links_table(net: Network) -> Table:
 def net_up(
     scenario: str = typer.Argument(..., help="Scenario file or name in scenarios/."),
     name: str = NAME,
+    overrides: list[str] = SET,
 ) -> None:
     """Create the scenario's namespaces, bridges and links; leave them up."""
-    sc = _load(scenario)
+    sc = _load(scenario, overrides)
     try:
         net = Network(sc.network, name).up()
     except (NetworkError, EmulationError, ValueError) as exc:
@@ -99,11 +103,12 @@ def net_check(
     name: str = NAME,
     seconds: float = typer.Option(8.0, help="Seconds per iperf3 measurement."),
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    overrides: list[str] = SET,
 ) -> None:
     """Measure each link (iperf3, ping) against its spec; exit 1 if any is out of tolerance."""
     from topologies.check import check_network
 
-    sc = _load(scenario)
+    sc = _load(scenario, overrides)
     net = Network(sc.network, name)
     try:
         ours = name not in Network.names_up()

@@ -299,8 +299,9 @@ class Scenario(BaseModel):
         return v
 
     @classmethod
-    def load(cls, ref: str | Path) -> Scenario:
-        """From a YAML path, or a name in ``scenarios/``."""
+    def load(cls, ref: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+        """From a YAML path, or a name in ``scenarios/``; ``overrides`` are
+        ``dotted.field=value`` (the value read as YAML), applied before validation."""
         path = resolve(ref)
         try:
             data = yaml.safe_load(path.read_text())
@@ -309,6 +310,8 @@ class Scenario(BaseModel):
         if not isinstance(data, dict):
             raise ScenarioError(f"{path}: expected a mapping at the top level")
         data.setdefault("name", path.stem)
+        for override in overrides:
+            apply_override(data, override)
         workload = data.get("workload")
         if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
             trace = Path(workload["trace"])  # relative: to the project's root
@@ -317,6 +320,26 @@ class Scenario(BaseModel):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ScenarioError(f"{path}: invalid scenario\n{format_errors(exc)}") from exc
+
+
+def apply_override(data: dict, override: str) -> None:
+    """``a.b.c=value`` into a scenario's raw data (``value`` as YAML: 25, true, [1, 2]).
+    Intermediate sections are created; the result is validated with the rest."""
+    dotted, sep, raw = override.partition("=")
+    keys = dotted.strip().split(".")
+    if not sep or not all(keys):
+        raise ScenarioError(f"--set {override!r}: expected dotted.field=value")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"--set {override!r}: the value is not valid YAML: {exc}") from exc
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ScenarioError(f"--set {override!r}: {key} is not a section")
+        node = child
+    node[keys[-1]] = value
 
 
 def resolve(ref: str | Path) -> Path:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 
+from protocol.env import Env
 from protocol.names import Role
 from topologies.process import HostProcess
 
@@ -106,6 +107,7 @@ class ServerSpec:
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env[Env.PLUGIN] = "1"  # the project's SGLang plugin patches this server
         if not self.cuda:
             env["SGLANG_USE_CPU_ENGINE"] = "1"
             # Several servers share the host's cores: OpenMP threads that spin after

@@ -129,6 +129,9 @@ def load(
     scenario: str = typer.Argument(..., help="Scenario file or name (its deployment must be up)."),
     name: str = typer.Option("default", help="Network name of the running deployment."),
     out: Path = typer.Option(None, help="Output directory (default runs/load-<time>)."),
+    overrides: list[str] = typer.Option(
+        None, "--set", help="Override a scenario field: dotted.field=value (YAML); repeatable."
+    ),
 ) -> None:
     """Replay the scenario's workload with Locust from the client host against the router."""
     from testbed.net_cli import fail
@@ -137,7 +140,7 @@ def load(
     from topologies.network import Network
 
     try:
-        sc = Scenario.load(scenario)
+        sc = Scenario.load(scenario, overrides or ())
         net = Network(sc.network, name).attach()
         out = out or new_run_dir(Path("runs"), "load")
         out.mkdir(parents=True, exist_ok=True)

@@ -60,7 +60,8 @@ class LinkSpec(BaseModel):
         return self.jitter_ms * math.sqrt(2 / 3)
 
     def mininet_params(self) -> dict:
-        """The same link for Mininet's TCLink (used by ``mn --custom`` runs)."""
+        """The same link for Mininet (used by ``mn --custom`` runs): a shaped link is a
+        ``TCLink`` of its own (``cls``), so it is shaped without ``--link tc``."""
         params: dict = {}
         if self.rate_mbit:
             params["bw"] = self.rate_mbit
@@ -72,4 +73,8 @@ class LinkSpec(BaseModel):
             params["loss"] = self.loss_pct
         if self.rate_mbit:
             params["max_queue_size"] = self.queue_packets
+        if params:
+            from mininet.link import TCLink
+
+            params["cls"] = TCLink
         return params

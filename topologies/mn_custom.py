@@ -6,9 +6,10 @@ Run mn with the venv's interpreter (the topologies need pydantic)::
         --topo two_site --switch lxbr --controller none --test pingall
 
 ``--topo two_site,hosts=...`` is not supported by mn's argument parser for dicts; use
-the defaults (one host per role) or build from Python. Note that Mininet's TCLink
-*ignores* delay/jitter/loss on kernels without netem and rates above 1000 Mbit;
-``testbed net up`` refuses instead (see topologies.emulation).
+the defaults (one host per role, an unshaped WAN) or build from Python. A shaped link
+is a ``TCLink`` of its own (no ``--link tc`` needed). Mininet's TCLink *ignores*
+delay/jitter/loss on kernels without netem and rates above 1000 Mbit (it prints a
+warning and goes on); ``testbed net up`` refuses instead (see topologies.emulation).
 """
 
 import inspect

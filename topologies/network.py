@@ -32,6 +32,7 @@ from pathlib import Path
 
 from topologies.emulation import get_backend
 from topologies.emulation.base import AppliedLink, LinkEnd, htb_commands
+from topologies.emulation.common import LOSS_TABLE, apply_loss
 from topologies.netns import PREFIX, NetworkError, list_namespaces, ns_name, pids_in, run
 from topologies.process import HostProcess
 from topologies.site import SUBNET_BASE
@@ -203,6 +204,14 @@ class Network:
         for ns, intf in self._wan_ends():
             class_cmd = htb_commands(intf, spec, [])[1]
             run(["tc", "class", "change", *class_cmd[3:]], ns=ns)
+
+    def set_wan_loss(self, loss_pct: float) -> None:
+        """Change the WAN's random loss in place (both directions; 0 removes it)."""
+        spec = self.spec.wan.model_copy(update={"loss_pct": loss_pct})
+        for ns, intf in self._wan_ends():
+            run(["nft", "delete", "table", "inet", LOSS_TABLE], ns=ns, check=False)
+            if loss_pct:
+                apply_loss(LinkEnd(ns=ns, intf=intf), spec)
 
     # ---- processes ----------------------------------------------------------------
     def popen(

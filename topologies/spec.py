@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from topologies.emulation import BACKENDS
 from topologies.link import LinkSpec
+from topologies.schedule import WanEvent, check_schedule
 from topologies.site import ROLES
 from topologies.topo import TOPOLOGIES, SiteTopo, build_topo
 
@@ -25,6 +26,11 @@ class NetworkSpec(BaseModel):
         description="The link between the sites' gateways.",
     )
     backend: str = Field("auto", description=f"Link emulation: auto, {', '.join(BACKENDS)}.")
+    wan_schedule: list[WanEvent] = Field(
+        default_factory=list,
+        description="WAN changes during the load (rate dips, loss bursts, cuts); see "
+        "topologies.schedule.",
+    )
     tcp_slow_start_after_idle: bool = Field(
         False,
         description="Hosts' net.ipv4.tcp_slow_start_after_idle. Off (the usual tuning for "
@@ -53,6 +59,11 @@ class NetworkSpec(BaseModel):
                 "LAN links are RDMA-class and unshaped here; put impairments on the wan"
             )
         return v
+
+    @model_validator(mode="after")
+    def _schedule_fits_the_wan(self) -> NetworkSpec:
+        check_schedule(self.wan_schedule, bool(self.wan.rate_mbit))
+        return self
 
     @field_validator("hosts")
     @classmethod

@@ -34,6 +34,7 @@ from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario
 from testbed.workload_cli import locust_argv
 from topologies.check import check_network
+from topologies.schedule import WanSchedule
 from workloads.client import generate_payload
 from workloads.trace import Trace
 
@@ -57,7 +58,8 @@ INCOMPLETE = "INCOMPLETE"  # its run failed or was cut short: why
 
 
 class DeploymentDied(RuntimeError):
-    """A server, the router or a link emulator died during the load."""
+    """A server, the router or a link emulator died during the load, or the WAN could
+    not be made what the scenario says."""
 
 
 def run_system(
@@ -98,16 +100,24 @@ def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console
         ]
         t0 = time.monotonic()
         total = _requests_in(trace, scenario.workload.max_requests)
+        events = deployment.scenario.network.wan_schedule
+        schedule = WanSchedule(deployment.net, events, out / "wan_schedule.jsonl")
         with open(out / "locust.log", "w") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-            with LoadProgress(console, system, out / "client.jsonl", total) as progress:
-                while proc.poll() is None:
-                    if problems := deployment.problems():
-                        proc.terminate()
-                        proc.wait(30)
-                        raise DeploymentDied(f"{system}: " + "; ".join(problems))
-                    progress.update()
-                    time.sleep(1.0)
+            schedule.start()
+            try:
+                with LoadProgress(console, system, out / "client.jsonl", total) as progress:
+                    while proc.poll() is None:
+                        if problems := deployment.problems() + schedule.errors:
+                            proc.terminate()
+                            proc.wait(30)
+                            raise DeploymentDied(f"{system}: " + "; ".join(problems))
+                        progress.update()
+                        time.sleep(1.0)
+            finally:
+                schedule.stop()
+        if schedule.errors:  # the WAN was not what the schedule said: no result
+            raise DeploymentDied(f"{system}: WAN schedule: " + "; ".join(schedule.errors))
         if proc.returncode not in (0, 1):  # Locust exits 1 when some requests failed
             raise RuntimeError(
                 f"{system}: Locust exited with {proc.returncode}; see {out}/locust.log"

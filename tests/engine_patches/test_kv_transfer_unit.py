@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
+from protocol.env import Env
 from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame
 from protocol.kv import Done, KvChunkHeader, TransferRequest
 
@@ -63,9 +64,31 @@ def test_buffer_set_reads_and_writes_pages_of_every_buffer():
         assert d[[0, 3, 4, 6]].abs().sum() == 0  # nothing else written
 
 
-def test_tcp_is_registered_in_sglangs_three_closed_lists():
+def test_the_plugin_patches_sglang_only_in_servers_the_testbed_launches():
+    """Installed into an SGLang environment, the project patches nothing until the
+    testbed's switch is set (each side in a fresh interpreter)."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (
+        "from sglang.srt.plugins import load_plugins; load_plugins(); "
+        "from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES as c; "
+        "print('tcp' in c)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != Env.PLUGIN}
+    for switch, expected in ((None, "False"), ("1", "True")):
+        run_env = env if switch is None else {**env, Env.PLUGIN: switch}
+        out = subprocess.run(
+            [sys.executable, "-c", probe], env=run_env, capture_output=True, text=True, timeout=300
+        )
+        assert out.stdout.strip().splitlines()[-1] == expected, out.stderr[-2000:]
+
+
+def test_tcp_is_registered_in_sglangs_three_closed_lists(monkeypatch):
     from sglang.srt.plugins import load_plugins
 
+    monkeypatch.setenv(Env.PLUGIN, "1")
     load_plugins()
     from sglang.srt.arg_groups.choices import DISAGG_TRANSFER_BACKEND_CHOICES
     from sglang.srt.disaggregation import utils

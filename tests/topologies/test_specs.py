@@ -117,3 +117,29 @@ def test_invalid_scenarios_fail_before_anything_starts(tmp_path, section, messag
     path.write_text(section + "\n")
     with pytest.raises(ScenarioError, match=f"(?s){message}"):
         Scenario.load(path)
+
+
+def test_set_overrides_apply_before_validation_and_refuse_bad_input():
+    sc = Scenario.load(
+        "default", ["network.wan.rate_mbit=25", "pdd.turn_wait_s=0", "systems=[pdd, colocated]"]
+    )
+    assert sc.network.wan.rate_mbit == 25 and sc.pdd.turn_wait_s == 0
+    assert sc.systems == ["pdd", "colocated"]
+    with pytest.raises(ScenarioError, match="network.wan.rate_mbit"):
+        Scenario.load("default", ["network.wan.rate_mbit=-1"])  # validated like the file
+    with pytest.raises(ScenarioError, match="expected dotted.field=value"):
+        Scenario.load("default", ["network.wan.rate_mbit"])
+    with pytest.raises(ScenarioError, match="is not a section"):
+        Scenario.load("default", ["name.x=1"])
+    with pytest.raises(ScenarioError, match="pdd.colour"):
+        Scenario.load("default", ["pdd.colour=blue"])  # an unknown field: refused
+
+
+def test_shaped_links_are_tclinks_for_mn_custom_and_lan_links_are_plain():
+    from mininet.link import TCLink
+
+    topo = two_site(wan=LinkSpec(rate_mbit=100, delay_ms=10, loss_pct=1))
+    infos = [i for *_, i in topo.links(withInfo=True)]
+    (wan,) = [i for i in infos if i["kind"] == "wan"]
+    assert wan["cls"] is TCLink and (wan["bw"], wan["delay"], wan["loss"]) == (100, "10.0ms", 1)
+    assert all("cls" not in i for i in infos if i["kind"] == "lan")
