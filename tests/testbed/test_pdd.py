@@ -333,6 +333,38 @@ def test_an_openai_chat_request_is_relayed_like_a_native_one(pdd, colocated):
     assert rec.prompt_tokens == own["usage"]["prompt_tokens"] and rec.output_tokens == 120
 
 
+@pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
+def test_sglang_bench_serving_runs_unchanged_against_the_router(pdd, backend, tmp_path):
+    """A peer's load tool, as its users run it (no extra readiness flags): every request
+    completes, text and OpenAI requests are relayed like native ones, and its TTFT
+    agrees with the router's records of the same requests."""
+    import statistics
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.jsonl"
+    before = time.time()
+    argv = [
+        sys.executable, "-m", "sglang.bench_serving", "--backend", backend,
+        "--base-url", pdd.router_url, "--tokenizer", str(pdd.scenario.model.resolve()),
+        "--dataset-name", "random-ids", "--random-input-len", "300",
+        "--random-output-len", "24", "--random-range-ratio", "1", "--num-prompts", "6",
+        "--request-rate", "2", "--seed", "7", "--output-file", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text().splitlines()[-1])
+    assert result["completed"] == 6
+    time.sleep(1.0)
+    mine = [r for r in read_records(pdd.records_path) if r.arrival >= before]
+    assert len(mine) == 6 and all(r.status == "ok" for r in mine)
+    assert any(r.pipeline == "P->RLD->MD" for r in mine)  # 300 uncached tokens: relayed
+    router_ms = statistics.median((r.first_token - r.arrival) * 1e3 for r in mine)
+    client_ms = result["median_ttft_ms"]
+    # The client sees each first token after the router does, plus its own overhead.
+    assert router_ms - 5 <= client_ms <= router_ms + 300, (client_ms, router_ms)
+
+
 # Last in this module: it kills the deployment's relay and main decode servers.
 def test_zz_relay_decode_killed_mid_stream_main_decode_takes_over_then_md_killed(pdd, colocated):
     """kill -9 of relay decode mid-stream: main decode, which holds the KV, takes over
