@@ -90,7 +90,7 @@ class RequestRecord(TokenTimes):
     fallback: str | None = None  # why relay decode finished a request meant for MD
     predicted_wan_s: float | None = None  # the routing input: the KV's predicted WAN time
     wan_queued_bytes: int | None = None  # the prediction's backlog ahead of this transfer
-    wan_goodput_bps: float | None = None  # the prediction's line goodput (bytes/s)
+    wan_goodput_bytes_s: float | None = None  # the prediction's line goodput (bytes/s)
     kv_bytes: int | None = None  # KV payload moved for this request
     kv_wire_bytes: int | None = None
     kv_link: str | None = None  # lan | wan

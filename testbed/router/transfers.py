@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import OrderedDict
 from pathlib import Path
 
 from protocol.records import TRANSFER_LOG_SIDES, HandoffRecord, TransferRecord, from_dict
 
 KEEP = 20_000  # log lines kept per side for lookup; the oldest go first
+logger = logging.getLogger("pdd.router")
 
 
 class TransferIndex:
@@ -24,6 +26,7 @@ class TransferIndex:
         # (log, room, side) → records in the order written (a dual-path room has two
         # sender lines in prefill's log; a catch-up handoff several handoff lines)
         self._lines: OrderedDict[tuple[Path, int, str], list] = OrderedDict()
+        self._by_room: dict[int, set[tuple[Path, int, str]]] = {}  # for forget
         self._on_decode = on_decode  # called with (log, receiver's record) as each is read
 
     def refresh(self) -> None:
@@ -38,16 +41,23 @@ class TransferIndex:
             complete = chunk[: chunk.rfind("\n") + 1]
             self._offsets[path] = offset + len(complete.encode())
             for line in complete.splitlines():
-                data = json.loads(line)
-                side = data.get("side")
-                if side not in TRANSFER_LOG_SIDES:
+                try:
+                    data = json.loads(line)
+                    side = data.get("side")
+                    if side not in TRANSFER_LOG_SIDES:
+                        continue
+                    record = from_dict(TRANSFER_LOG_SIDES[side], data)
+                except (ValueError, TypeError, AttributeError) as exc:  # a torn line
+                    logger.warning("%s: skipping a bad transfer-log line: %r", path, exc)
                     continue
-                record = from_dict(TRANSFER_LOG_SIDES[side], data)
-                self._lines.setdefault((path, record.room, side), []).append(record)
+                key = (path, record.room, side)
+                self._lines.setdefault(key, []).append(record)
+                self._by_room.setdefault(record.room, set()).add(key)
                 if side == "decode" and self._on_decode is not None:
                     self._on_decode(path, record)
         while len(self._lines) > KEEP:
-            self._lines.popitem(last=False)
+            key, _ = self._lines.popitem(last=False)
+            self._unindex(key)
 
     async def lookup(self, room: int, log: Path, wait_s: float = 1.0) -> TransferRecord | None:
         """The receiver's record for ``room`` in ``log``; waits briefly for it."""
@@ -74,5 +84,12 @@ class TransferIndex:
         return list(self._lines.get((Path(log), room, "handoff"), []))
 
     def forget(self, room: int) -> None:
-        for key in [k for k in self._lines if k[1] == room]:
-            del self._lines[key]
+        for key in self._by_room.pop(room, ()):
+            self._lines.pop(key, None)
+
+    def _unindex(self, key: tuple[Path, int, str]) -> None:
+        keys = self._by_room.get(key[1])
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._by_room[key[1]]

@@ -52,7 +52,7 @@ def slow_start_s(nbytes: float, rate: float, rtt: float, window: float = INITIAL
 class WanPrediction:
     queued_bytes: int  # on the line (queued or in flight) when this transfer was routed
     own_bytes: int  # this request's uncached KV
-    goodput_bps: float  # bytes per second the line achieves
+    goodput_bytes_s: float  # bytes per second the line achieves
     seconds: float  # predicted first-to-last-byte time of this transfer
 
 
