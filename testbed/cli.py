@@ -257,6 +257,39 @@ def _cell(column: str, value) -> str:
     return str(value)
 
 
+@app.command()
+def reproduce(
+    run_dir: Path = typer.Argument(..., help="A stored bench run directory."),
+    out: Path = typer.Option(Path("runs"), help="Directory for the new run."),
+    tolerance: float = typer.Option(0.25, min=0, help="Relative change still reproduced."),
+    allow_version_drift: bool = typer.Option(
+        False, help="Run even if the software differs from the stored run's manifest."
+    ),
+) -> None:
+    """Run a stored bench again (same scenario, seeds and trace; versions checked) and
+    print, figure by figure, stored vs reproduced with a verdict. Exit 1 if any figure
+    is not reproduced."""
+    from testbed.bench.reproduce import NotReproducible
+    from testbed.bench.reproduce import reproduce as run_again
+    from testbed.bench.reproduce import table as verdict_table
+    from testbed.net_cli import fail
+    from topologies.netns import NetworkError
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        new_dir, rows = run_again(run_dir, out, console, tolerance, allow_version_drift)
+    except (FileNotFoundError, NotReproducible, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from exc
+    except (NetworkError, ServerError, RuntimeError) as exc:
+        raise fail(exc) from exc
+    console.print(verdict_table(rows, tolerance))
+    missed = [r for r in rows if not r["reproduced_ok"]]
+    console.print(f"reproduction: {new_dir}; {len(rows) - len(missed)}/{len(rows)} reproduced")
+    if missed:
+        raise typer.Exit(1)
+
+
 @app.command("bench-transfer")
 def bench_transfer(
     out: Path = typer.Option(Path("runs"), help="Directory for the run's files."),
