@@ -12,10 +12,11 @@ from markupsafe import Markup
 from protocol.records import write_atomic
 from reports import hetero, plots, summary, ttft
 from reports.run_data import RunData, load_run
-from reports.tables import all_tables, sweep_table
+from reports.tables import all_tables, confidence, sweep_table
 from reports.targets import targets
 
 TEMPLATES = Path(__file__).parent / "templates"
+SEED_FIELD = "workload.generator.seed"  # a sweep over it alone: repeated runs (--seeds)
 EMPTY = {
     "relay_share": "No relay-decode system in this run: no eager tokens or handoffs to show.",
     "handoffs": "No handoffs in this run.",
@@ -108,6 +109,8 @@ def write_sweep_report(run_dir: Path) -> Path:
         model = hetero.bathtub(next(iter(points.values())))
         bathtub_table = _html(measured, "bathtub")
         bathtub_plot = plots.bathtub(model, measured) if not model.empty else None
+    seeds = list(sweep["sweep"]) == [SEED_FIELD] and not frame.empty
+    confidence_table = _html(confidence(frame), "confidence") if seeds else ""
     keys = [k.rsplit(".", 1)[-1] for k in sweep["sweep"]]
     x, facet = keys[0], (keys[1] if len(keys) > 1 else None)
     figures = (
@@ -133,6 +136,7 @@ def write_sweep_report(run_dir: Path) -> Path:
         plots=figures,
         bathtub_table=Markup(bathtub_table),
         bathtub_plot=bathtub_plot,
+        confidence=Markup(confidence_table),
     )
     out = run_dir / "sweep.html"
     write_atomic(out, html)

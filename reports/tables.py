@@ -377,3 +377,28 @@ def sweep_table(points: dict[str, RunData], sweep: dict[str, list]) -> pd.DataFr
                 }
             )
     return pd.DataFrame(rows)
+
+
+CONFIDENCE_METRICS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "sla_goodput_rps", "bcr")
+
+
+def confidence(frame: pd.DataFrame, metrics=CONFIDENCE_METRICS) -> pd.DataFrame:
+    """Per system over repeated runs (a sweep's points that differ only in seed): the
+    mean of each metric and its 95% confidence interval (Student's t)."""
+    from scipy import stats
+
+    rows = []
+    for system, runs in frame.groupby("system", sort=False):
+        row = {"system": system, "runs": len(runs)}
+        for metric in metrics:
+            values = runs[metric].dropna().astype(float)
+            n = len(values)
+            mean = float(values.mean()) if n else np.nan
+            half = (
+                float(stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / np.sqrt(n))
+                if n > 1
+                else np.nan
+            )
+            row[f"{metric}_mean"], row[f"{metric}_ci95"] = mean, half
+        rows.append(row)
+    return pd.DataFrame(rows)

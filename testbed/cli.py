@@ -186,6 +186,9 @@ def bench(
     system: list[str] = typer.Option(None, help="Run only these systems (repeatable)."),
     out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
     overrides: list[str] = SET,
+    seeds: int = typer.Option(
+        1, min=1, help="Repeat with this many workload seeds; 95% intervals in sweep.html."
+    ),
 ) -> None:
     """Every system of the scenario on the same network and trace; HTML report at the end."""
     from testbed.bench.run import run_bench
@@ -196,7 +199,8 @@ def bench(
     from topologies.netns import NetworkError
 
     try:
-        run_bench(Scenario.load(scenario, overrides or ()), out, console, system or None)
+        sc = Scenario.load(scenario, overrides or ())
+        run_bench(with_seeds(sc, seeds) if seeds > 1 else sc, out, console, system or None)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
     except KeyboardInterrupt:
@@ -206,6 +210,20 @@ def bench(
             "(testbed report RUN_DIR builds one from the systems that finished)"
         )
         raise typer.Exit(130) from None
+
+
+def with_seeds(sc, seeds: int):
+    """The scenario as a sweep over ``seeds`` workload seeds (from its own seed on)."""
+    from testbed.scenario import ScenarioError
+
+    if sc.sweep:
+        raise ScenarioError("--seeds repeats a single scenario; this one is a sweep already")
+    if sc.workload.trace is not None:
+        raise ScenarioError("--seeds needs a generated workload (a trace file has no seed)")
+    base = int(sc.workload.generator.get("seed", 0))
+    workload = sc.workload.model_copy(update={"generator": {**sc.workload.generator, "seed": base}})
+    sweep = {"workload.generator.seed": list(range(base, base + seeds))}
+    return sc.model_copy(update={"workload": workload, "sweep": sweep})
 
 
 def _interrupt(signum, frame):

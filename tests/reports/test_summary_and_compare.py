@@ -69,3 +69,27 @@ def test_compare_gives_each_runs_value_and_the_change(tmp_path):
     assert "ttft_p50_s" in (tmp_path / "c.html").read_text()
     result = CliRunner().invoke(app, ["compare", str(a), str(tmp_path / "missing")])
     assert result.exit_code == 2 and "error" in result.output
+
+
+def test_repeated_seeds_give_a_mean_and_95_percent_interval(tmp_path):
+    from reports.render import write_reports
+    from reports.tables import confidence, sweep_table
+    from testbed.cli import with_seeds
+
+    scenario = with_seeds(Scenario.load("default"), 3)
+    labels = [label for label, _ in scenario.points()]
+    (tmp_path / "scenario.json").write_text(scenario.model_dump_json())
+    sweep = {"sweep": scenario.sweep, "points": labels}
+    (tmp_path / "sweep.json").write_text(json.dumps(sweep))
+    points = [p for _, p in scenario.points()]
+    for label, point, ttft in zip(labels, points, (0.2, 0.3, 0.4), strict=True):
+        write_point(tmp_path / label, point, {"pdd": ttft})
+    frame = sweep_table({p: load_run(tmp_path / p) for p in labels}, scenario.sweep)
+    row = confidence(frame).iloc[0]
+    assert row["runs"] == 3 and row["ttft_p50_s_mean"] == pytest.approx(0.3)
+    # t(0.975, 2) = 4.303; sd = 0.1; half width = 4.303 * 0.1 / sqrt(3)
+    assert row["ttft_p50_s_ci95"] == pytest.approx(4.303 * 0.1 / 3**0.5, rel=1e-3)
+    page = write_reports(tmp_path).read_text()
+    assert "95% confidence interval" in page
+    with pytest.raises(Exception, match="sweep already"):
+        with_seeds(scenario, 2)
