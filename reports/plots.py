@@ -37,6 +37,61 @@ def ttft_cdf(run: RunData) -> str:
     return _png(fig)
 
 
+def _cdf(ax, values, label: str) -> None:
+    v = np.sort(np.asarray(values, float))
+    if len(v):
+        ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=label)
+
+
+def itl_e2e_cdfs(run: RunData) -> str:
+    """Inter-token (every gap between a request's tokens) and end-to-end CDFs."""
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 3.4))
+    for name, s in run.systems.items():
+        ok = s.records[s.records["status"] == "ok"]
+        gaps = [g for t in ok["token_times"] for g in np.diff(np.asarray(t, float))]
+        _cdf(axes[0], gaps, name)
+        _cdf(axes[1], (ok["finish"] - ok["arrival"]).dropna(), name)
+    for ax, what in zip(axes, ("inter-token latency (s)", "end-to-end latency (s)"), strict=True):
+        ax.set(xlabel=what, ylabel="share", title=f"{what.split(' (')[0]} CDF")
+        ax.grid(alpha=0.3)
+    axes[0].set_xscale("log")
+    axes[1].legend()
+    return _png(fig)
+
+
+def latency_over_time(run: RunData) -> str:
+    """Each request's TTFT at its arrival time (seconds from the system's first)."""
+    fig, ax = plt.subplots(figsize=(9.6, 3.4))
+    for name, s in run.systems.items():
+        ok = s.records[(s.records["status"] == "ok") & s.records["first_token"].notna()]
+        if ok.empty:
+            continue
+        t = ok["arrival"] - s.records["arrival"].min()
+        ax.scatter(t, ok["first_token"] - ok["arrival"], s=10, alpha=0.7, label=name)
+    ax.set(xlabel="arrival (s into the run)", ylabel="TTFT (s)", title="TTFT over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def ttft_vs_uncached(run: RunData) -> str:
+    """TTFT against the prompt tokens the first decoder's prefill did not find cached."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for name, s in run.systems.items():
+        r = s.records
+        ok = r[(r["status"] == "ok") & r["first_token"].notna() & r["prompt_tokens"].notna()]
+        if ok.empty:
+            continue
+        cached = ok["cached_tokens_prefill"].fillna(0) if "cached_tokens_prefill" in ok else 0
+        ax.scatter(ok["prompt_tokens"] - cached, ok["first_token"] - ok["arrival"], s=10,
+                   alpha=0.7, label=name)  # fmt: skip
+    ax.set(xlabel="uncached prompt tokens (at prefill)", ylabel="TTFT (s)",
+           title="TTFT against uncached tokens")  # fmt: skip
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _png(fig)
+
+
 def latency_boxes(run: RunData) -> str:
     rows = []
     for name, s in run.systems.items():

@@ -52,6 +52,9 @@ def build(run: RunData) -> str:
     html_tables["targets"] = _html(targets(run), "targets")
     figures = {
         "ttft_cdf": plots.ttft_cdf(run),
+        "itl_e2e_cdfs": plots.itl_e2e_cdfs(run),
+        "over_time": plots.latency_over_time(run),
+        "ttft_vs_uncached": plots.ttft_vs_uncached(run),
         "latency": plots.latency_boxes(run),
         "wan_bytes": plots.wan_bytes_scatter(run),
         "utilisation": plots.utilisation(tables["wan_utilisation"]),

@@ -42,10 +42,16 @@ class RunData:
     target_scenario: dict = field(default_factory=dict)  # in target time (emulation)
 
 
+RENAMED = {"wan_goodput_bps": "wan_goodput_bytes_s"}  # columns of older runs
+
+
 def records_frame(system_dir: Path) -> pd.DataFrame:
+    """The records of a system, with this version's columns (a stored run's renamed
+    columns under their new names, columns no longer recorded dropped)."""
     parquet = system_dir / "records.parquet"
     if parquet.exists():
-        return pd.read_parquet(parquet)
+        frame = pd.read_parquet(parquet).rename(columns=RENAMED)
+        return frame[[c for c in frame.columns if c in COLUMNS]]
     jsonl = system_dir / "records.jsonl"
     rows = [r.__dict__ for r in read_records(jsonl)] if jsonl.exists() else []
     return pd.DataFrame(rows, columns=COLUMNS)
