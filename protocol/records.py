@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import threading
+import warnings
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path
@@ -202,18 +203,23 @@ class JsonlWriter:
 
 def read_jsonl(path: str | Path) -> Iterator[dict]:
     """Every complete line of a JSON-lines file, parsed. A last line cut short (its
-    writer is still at it, or was killed) is skipped; a bad line elsewhere is an error
-    naming the file and line."""
-    lines = Path(path).read_text().splitlines()
+    writer is still at it, or was killed) is skipped quietly; a bad line elsewhere is
+    skipped with a warning naming the file and line (the rest of the file still
+    counts, and the warning says what did not)."""
+    lines = Path(path).read_text(errors="replace").splitlines()
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            yield json.loads(line)
+            data = json.loads(line)
         except json.JSONDecodeError as exc:
-            if number == len(lines):
-                return
-            raise ValueError(f"{path}:{number}: not a JSON line ({exc})") from exc
+            if number != len(lines):
+                warnings.warn(f"{path}:{number}: skipped, not a JSON line ({exc})", stacklevel=2)
+            continue
+        if not isinstance(data, dict):
+            warnings.warn(f"{path}:{number}: skipped, not a JSON object", stacklevel=2)
+            continue
+        yield data
 
 
 def from_dict(cls: type[T], data: dict) -> T:
