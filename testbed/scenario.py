@@ -109,6 +109,13 @@ class WorkloadSpec(BaseModel):
     generator: dict = Field(default_factory=dict, description="AgenticConfig overrides.")
     mode: str = Field("closed", pattern="^(closed|open)$", description="closed or open loop.")
     users: int = Field(4, ge=1, description="Concurrent Locust users (closed loop: sessions).")
+    workers: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Locust workers (its distributed mode: a master and this many workers, "
+        "each replaying its shard of the sessions); 0: one process.",
+    )
     duration_s: float = Field(300, gt=0, description="Upper bound on the load's run time.")
     max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
     speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")

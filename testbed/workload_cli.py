@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -132,6 +131,9 @@ def load(
     overrides: list[str] = typer.Option(
         None, "--set", help="Override a scenario field: dotted.field=value (YAML); repeatable."
     ),
+    workers: int = typer.Option(
+        None, min=0, max=16, help="Locust workers (default: the scenario's workload.workers)."
+    ),
 ) -> None:
     """Replay the scenario's workload with Locust from the client host against the router."""
     from testbed.net_cli import fail
@@ -149,8 +151,19 @@ def load(
         client = net.hosts_with_role("client")[0]
     except (ScenarioError, NetworkError, ValueError) as exc:
         raise fail(exc) from exc
-    console.print(f"Locust on {client} → {router}, trace {trace} ({sc.workload.mode} loop)")
-    argv = ["ip", "netns", "exec", net.ns(client), *locust_argv(router, trace, sc.workload, out)]
-    done = subprocess.run(argv)
-    console.print(f"Locust CSVs, HTML and client records in {out}")
-    raise typer.Exit(done.returncode)
+    from testbed.bench.load import Load
+
+    workload = sc.workload
+    if workers is not None:
+        workload = workload.model_copy(update={"workers": workers})
+    how = f"{workload.workers} Locust workers" if workload.workers else "Locust"
+    console.print(f"{how} on {client} → {router}, trace {trace} ({workload.mode} loop)")
+    load = Load(net, router, trace, workload, out).start()
+    try:
+        code = load.procs[0].wait()
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        requests = load.finish()
+    console.print(f"{requests} requests; Locust CSVs, HTML and client records in {out}")
+    raise typer.Exit(code)

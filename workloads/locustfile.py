@@ -12,6 +12,10 @@ its TTFT, every inter-token gap and its output tokens are logged beside it under
 types ``ttft_s``, ``itl_s`` and ``output_tokens``, so the web UI and ``--csv`` show
 each, while the Aggregated row counts requests once.
 
+Distributed (Locust's own ``--master`` and ``--worker``s): each worker replays its shard
+of the sessions (by worker index; a session never spans workers) into its own records
+file, ``merge_shards`` joins them afterwards.
+
 Lifecycle: the trace is read at ``test_start`` (a missing or bad ``--trace`` stops the
 run there with a clear error and exit code 1); state resets at every ``test_start``,
 so the web UI can run a second test; when the trace is done the runner stops (headless:
@@ -30,6 +34,7 @@ import gevent
 from gevent.lock import Semaphore
 from locust import User, events, task
 from locust.exception import StopUser
+from locust.runners import MasterRunner, WorkerRunner
 
 from protocol import headers
 from protocol.metrics import Metric
@@ -37,6 +42,7 @@ from protocol.records import JsonlWriter
 from workloads.client import generate_payload
 from workloads.readers import read_trace
 from workloads.replay import ClientRecord, SessionState, consume_stream, session_order
+from workloads.shards import shard_path
 from workloads.tokens import TokenSynth
 
 
@@ -66,27 +72,40 @@ class _Shared:
     active = 0  # sessions being replayed right now
     exhausted = False
 
+    budget = 0  # requests this process may send (0: all of its sessions')
+
     @classmethod
-    def start(cls, options) -> None:
-        """A fresh test: read the trace, reset every counter."""
+    def start(cls, options, shard: int = 0, shards: int = 1) -> None:
+        """A fresh test: read the trace (this process's shard of its sessions: every
+        ``shards``-th from ``shard`` on, so a session never spans processes), reset
+        every counter."""
         if not options.trace:
             raise ValueError(
                 "--trace is required: a trace file (pdd JSONL/parquet, mooncake, azure, tracelab)"
             )
         trace = read_trace(options.trace, options.trace_format)
+        mine = [s for i, s in enumerate(session_order(trace)) if i % shards == shard]
+        limit = options.max_requests
         with cls.lock:
             cls.synth = TokenSynth(options.vocab_size, trace.block_tokens, options.token_seed)
-            cls.sessions = iter(session_order(trace))
+            cls.sessions = iter(mine)
             if cls.sink is None:
-                cls.sink = JsonlWriter(options.records or None)
+                cls.sink = JsonlWriter(shard_path(options.records, shard, shards) or None)
             cls.sent = itertools.count()
+            cls.budget = limit // shards + (shard < limit % shards) if limit else 0
             cls.open_loop_started, cls.active, cls.exhausted = False, 0, False
 
 
 @events.test_start.add_listener
 def _start(environment, **_) -> None:
+    options, runner = environment.parsed_options, environment.runner
+    if isinstance(runner, MasterRunner):
+        return  # users run on the workers
+    shard, shards = 0, 1
+    if isinstance(runner, WorkerRunner):  # distributed: this worker's share of sessions
+        shard, shards = runner.worker_index, max(1, int(options.expect_workers or 1))
     try:
-        _Shared.start(environment.parsed_options)
+        _Shared.start(options, shard, shards)
     except (OSError, ValueError) as exc:
         logging.getLogger("pdd.locust").error("cannot start: %s", exc)
         environment.process_exit_code = 1
@@ -123,8 +142,7 @@ class TraceUser(User):
         self.base = self.host.rstrip("/")
 
     def _budget_left(self) -> bool:
-        limit = self.environment.parsed_options.max_requests
-        return not limit or next(_Shared.sent) < limit
+        return not _Shared.budget or next(_Shared.sent) < _Shared.budget
 
     def send(self, req, prompt: list[int]) -> tuple[ClientRecord, list[int]]:
         record = ClientRecord(
@@ -217,7 +235,8 @@ class TraceUser(User):
             # last requests from the files. The web UI's runner stops (another test
             # can follow); a headless one quits.
             headless = getattr(self.environment.parsed_options, "headless", False)
-            gevent.spawn_later(2.5, runner.quit if headless else runner.stop)
+            done = headless or isinstance(runner, WorkerRunner)  # a worker's shard is done
+            gevent.spawn_later(2.5, runner.quit if done else runner.stop)
 
     def _open_loop(self, options) -> None:
         with _Shared.lock:

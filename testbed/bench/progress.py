@@ -1,8 +1,9 @@
 """Live progress of a load: requests done of the total, ETA, TTFT P50/P90 so far and
 errors, read from the client's records file as Locust appends to it.
 
-Lifecycle: ``LoadProgress(records, total)`` as a context manager around the load;
-``update()`` once a second reads the lines appended since the last call.
+Lifecycle: ``LoadProgress(console, label, records, total)`` as a context manager around
+the load (``records``: one file, or a distributed load's one per worker); ``update()``
+once a second reads the lines appended since the last call.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ from protocol.metrics import percentile
 
 
 class LoadProgress:
-    def __init__(self, console: Console, label: str, records: Path, total: int | None) -> None:
-        self.records, self.total = Path(records), total
-        self.offset = 0
+    def __init__(self, console: Console, label: str, records, total: int | None) -> None:
+        paths = [records] if isinstance(records, str | Path) else list(records)
+        self.offsets = {Path(p): 0 for p in paths}
+        self.total = total
         self.ttfts: list[float] = []
         self.done = self.errors = 0
         self.progress = Progress(
@@ -49,21 +51,22 @@ class LoadProgress:
         self.progress.update(self.task, completed=self.done, live=live)
 
     def _read_new(self) -> None:
-        try:
-            with open(self.records, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        end = data.rfind(b"\n") + 1  # only whole lines; the rest is read next time
-        self.offset += end
-        for line in data[:end].splitlines():
+        for path, offset in self.offsets.items():
             try:
-                r = json.loads(line)
-            except json.JSONDecodeError:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:
                 continue
-            self.done += 1
-            if r.get("status") != "ok":
-                self.errors += 1
-            elif r.get("first_token") is not None:
-                self.ttfts.append(r["first_token"] - r["sent"])
+            end = data.rfind(b"\n") + 1  # only whole lines; the rest is read next time
+            self.offsets[path] = offset + end
+            for line in data[:end].splitlines():
+                try:
+                    r = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.done += 1
+                if r.get("status") != "ok":
+                    self.errors += 1
+                elif r.get("first_token") is not None:
+                    self.ttfts.append(r["first_token"] - r["sent"])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,12 +26,12 @@ from reports.run_data import write_parquet
 from reports.tables import goodput_bcr, latency
 from testbed import dilation, planning
 from testbed.bench import calibrate
+from testbed.bench.load import Load
 from testbed.bench.progress import LoadProgress
 from testbed.deployment import Deployment
 from testbed.model import describe as describe_model
 from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario
-from testbed.workload_cli import locust_argv
 from topologies.check import check_network
 from topologies.schedule import WanSchedule
 from workloads.client import generate_payload
@@ -90,38 +89,30 @@ def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console
         write_atomic(out / "cost.json", json.dumps(system_cost(deployment, scenario)))
         with console.status(f"[bold]{system}[/bold]: warm-up requests"):
             warm_up(deployment, scenario, out)
-        client = deployment.net.hosts_with_role("client")[0]
-        argv = [
-            "ip",
-            "netns",
-            "exec",
-            deployment.net.ns(client),
-            *locust_argv(deployment.router_url, trace, scenario.workload, out),
-        ]
         t0 = time.monotonic()
         total = _requests_in(trace, scenario.workload.max_requests)
         events = deployment.scenario.network.wan_schedule
         schedule = WanSchedule(deployment.net, events, out / "wan_schedule.jsonl")
-        with open(out / "locust.log", "w") as log:
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-            schedule.start()
-            try:
-                with LoadProgress(console, system, out / "client.jsonl", total) as progress:
-                    while proc.poll() is None:
-                        if problems := deployment.problems() + schedule.errors:
-                            proc.terminate()
-                            proc.wait(30)
-                            raise DeploymentDied(f"{system}: " + "; ".join(problems))
-                        progress.update()
-                        time.sleep(1.0)
-            finally:
-                schedule.stop()
+        load = Load(deployment.net, deployment.router_url, trace, scenario.workload, out)
+        load.start()
+        schedule.start()
+        try:
+            with LoadProgress(console, system, load.records, total) as progress:
+                while load.poll() is None:
+                    if problems := deployment.problems() + schedule.errors:
+                        raise DeploymentDied(f"{system}: " + "; ".join(problems))
+                    progress.update()
+                    time.sleep(1.0)
+        finally:
+            schedule.stop()
+            load.stop()
         if schedule.errors:  # the WAN was not what the schedule said: no result
             raise DeploymentDied(f"{system}: WAN schedule: " + "; ".join(schedule.errors))
-        if proc.returncode not in (0, 1):  # Locust exits 1 when some requests failed
+        if load.returncode not in (0, 1):  # Locust exits 1 when some requests failed
             raise RuntimeError(
-                f"{system}: Locust exited with {proc.returncode}; see {out}/locust.log"
+                f"{system}: Locust exited with {load.returncode}; see {out}/locust.log"
             )
+        load.finish()  # the workers' records, merged
         time.sleep(1.0)  # the router writes a record after its last token
         if problems := deployment.problems():
             raise DeploymentDied(f"{system}: " + "; ".join(problems))

@@ -1,0 +1,84 @@
+"""The load of a bench: Locust in the topology's client hosts, one process or Locust's
+own master and workers (``workload.workers``), each worker in a client host of its own
+where the topology has enough (round robin otherwise).
+
+Lifecycle: ``Load(...).start()`` → ``poll()`` until the master (or the single process)
+exits → ``finish()``: the workers are stopped and their records merged into
+``client.jsonl`` (every request once, or an error) — ``stop()`` ends everything early.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from testbed.workload_cli import LOCUSTFILE, locust_argv
+from workloads.shards import merge_shards, shard_path
+
+MASTER_PORT = 5557
+
+
+class Load:
+    def __init__(self, net, router_url: str, trace: Path, workload, out: Path) -> None:
+        self.net, self.out, self.workers = net, Path(out), workload.workers
+        self.clients = net.hosts_with_role("client")
+        argv = locust_argv(router_url, trace, workload, self.out)
+        if self.workers:
+            argv += ["--master", "--expect-workers", str(self.workers)]
+            argv += ["--master-bind-port", str(MASTER_PORT)]
+        self.master_argv = argv
+        self.procs: list[subprocess.Popen] = []
+        self.logs = []
+
+    @property
+    def records(self) -> list[Path]:
+        """The files the clients append records to (one per worker when distributed)."""
+        main = self.out / "client.jsonl"
+        if not self.workers:
+            return [main]
+        return [Path(shard_path(str(main), i, self.workers)) for i in range(self.workers)]
+
+    def start(self) -> Load:
+        self._spawn(self.clients[0], self.master_argv, self.out / "locust.log")
+        master = self.net.address(self.clients[0])
+        for i in range(self.workers):
+            host = self.clients[(i + 1) % len(self.clients)]
+            argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker"]
+            argv += ["--master-host", master, "--master-port", str(MASTER_PORT)]
+            self._spawn(host, argv, self.out / f"locust-worker{i}.log")
+        return self
+
+    def _spawn(self, host: str, argv: list[str], log_path: Path) -> None:
+        log = open(log_path, "w")  # noqa: SIM115 - closed in finish/stop
+        self.logs.append(log)
+        cmd = ["ip", "netns", "exec", self.net.ns(host), *argv]
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+
+    def poll(self) -> int | None:
+        return self.procs[0].poll()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.procs[0].returncode
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        for log in self.logs:
+            log.close()
+
+    def finish(self) -> int:
+        """Stop what is left, merge the workers' records; returns the requests."""
+        self.stop()
+        if self.workers:
+            return merge_shards(self.out / "client.jsonl", self.workers)
+        path = self.out / "client.jsonl"
+        return sum(1 for _ in open(path)) if path.exists() else 0
