@@ -90,6 +90,53 @@ def net_down(
         console.print(f"network {n!r}: removed {len(removed)} namespaces")
 
 
+@net_app.command("shape")
+def net_shape(
+    spec: str = typer.Argument(
+        ..., help="The link, as YAML: '{rate_mbit: 100, delay_ms: 10, loss_pct: 0.1}'."
+    ),
+    dev: str = typer.Option(..., "--dev", help="The interface to shape (a gateway's WAN side)."),
+    netns: str = typer.Option(None, help="The interface's network namespace (default: host)."),
+    backend: str = typer.Option("auto", help="Emulation backend: auto, netem, userspace."),
+) -> None:
+    """Shape a real interface like one end of the emulated WAN (its egress rate and delay,
+    its ingress loss); shape both gateways for both directions. Refuses what it cannot
+    apply."""
+    import yaml
+    from pydantic import ValidationError
+
+    from topologies.emulation.base import EmulationError
+    from topologies.link import LinkSpec
+    from topologies.netns import NetworkError
+    from topologies.shape import shape
+
+    try:
+        data = yaml.safe_load(spec)
+        if not isinstance(data, dict):
+            raise ValueError(f"SPEC must be a YAML mapping, got {spec!r}")
+        applied = shape(dev, LinkSpec(**data), netns, backend)
+    except (ValueError, ValidationError, yaml.YAMLError, EmulationError, NetworkError) as exc:
+        raise fail(exc) from exc
+    for parameter, how in applied.mechanisms.items():
+        console.print(f"{dev}: {parameter} by {how}", highlight=False)
+
+
+@net_app.command("unshape")
+def net_unshape(
+    dev: str = typer.Option(..., "--dev", help="The interface shaped with `net shape`."),
+    netns: str = typer.Option(None, help="The interface's network namespace (default: host)."),
+) -> None:
+    """Remove everything `net shape` applied to the interface."""
+    from topologies.netns import NetworkError
+    from topologies.shape import unshape
+
+    try:
+        removed = unshape(dev, netns)
+    except NetworkError as exc:
+        raise fail(exc) from exc
+    console.print(f"{dev}: removed {', '.join(removed)}", highlight=False)
+
+
 @net_app.command("status")
 def net_status() -> None:
     """List the testbed networks that are up."""

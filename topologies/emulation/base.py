@@ -17,9 +17,9 @@ class EmulationError(NetworkError):
 
 @dataclass(frozen=True)
 class LinkEnd:
-    """One side of a link: an interface inside a namespace."""
+    """One side of a link: an interface inside a namespace (None: the host's own)."""
 
-    ns: str
+    ns: str | None
     intf: str
 
 
@@ -42,8 +42,11 @@ class LinkEmulator(ABC):
         """None when this backend works on this host, else the reason it does not."""
 
     @abstractmethod
-    def apply(self, name: str, a: LinkEnd, b: LinkEnd, spec: LinkSpec, log_dir) -> AppliedLink:
-        """Shape both directions of the link a↔b; raise EmulationError on any failure."""
+    def apply(
+        self, name: str, a: LinkEnd, b: LinkEnd | None, spec: LinkSpec, log_dir
+    ) -> AppliedLink:
+        """Shape both directions of the link a↔b (``b`` None: ``a``'s egress and ingress
+        loss only, a real interface); raise EmulationError on any failure."""
 
 
 def htb_commands(intf: str, spec: LinkSpec, leaf: list[str]) -> list[list[str]]:

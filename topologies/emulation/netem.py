@@ -40,7 +40,7 @@ class NetemEmulator(LinkEmulator):
             netem += ["delay", f"{spec.delay_ms}ms"]
             if spec.jitter_ms:
                 netem += [f"{spec.jitter_ms}ms"]  # uniform without a distribution table
-        for end in (a, b):
+        for end in (e for e in (a, b) if e is not None):  # one end: a real interface
             disable_offloads(end)
             if spec.rate_mbit:
                 commands = htb_commands(end.intf, spec, netem)

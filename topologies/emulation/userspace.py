@@ -69,7 +69,7 @@ class UserspaceEmulator(LinkEmulator):
         self, name: str, a: LinkEnd, b: LinkEnd, spec: LinkSpec, log_dir: Path
     ) -> AppliedLink:
         applied = AppliedLink(name=name, backend=self.name, spec=spec.model_dump())
-        for end in (a, b):
+        for end in (e for e in (a, b) if e is not None):  # one end: a real interface
             disable_offloads(end)
             if spec.rate_mbit:
                 for argv in htb_commands(
@@ -78,7 +78,7 @@ class UserspaceEmulator(LinkEmulator):
                     _tc(argv, end)
             if spec.delay_ms:
                 applied.daemon_pids.append(
-                    self._start_delayd(end, spec, log_dir / f"delayd-{end.ns}.log")
+                    self._start_delayd(end, spec, log_dir / f"delayd-{end.ns or end.intf}.log")
                 )
             if spec.loss_pct:
                 apply_loss(end, spec)
@@ -111,11 +111,9 @@ class UserspaceEmulator(LinkEmulator):
                 end,
             )
         log.parent.mkdir(parents=True, exist_ok=True)
+        inside = ["ip", "netns", "exec", end.ns] if end.ns else []  # or the host itself
         argv = [
-            "ip",
-            "netns",
-            "exec",
-            end.ns,
+            *inside,
             sys.executable,
             "-m",
             "topologies.emulation.delayd",
