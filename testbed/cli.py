@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from protocol.env import Env
 from testbed import model as model_mod
 from testbed.net_cli import net_app
 from testbed.run_dirs import new_run_dir
@@ -94,16 +95,36 @@ def serve(
     max_total_tokens: int = typer.Option(65536, help="KV pool size in tokens (always bounded)."),
     log: Path = typer.Option(Path("runs/serve.log"), help="Server log file."),
     startup_timeout: float = typer.Option(240.0, help="Seconds to wait for health."),
+    bootstrap_port: int = typer.Option(
+        8998, min=1, max=65535, help="Prefill: the KV transfer listener's port."
+    ),
+    handoff_port: int = typer.Option(
+        None, min=1, max=65535, help="Main decode: the token-id handoff listener's port."
+    ),
+    transfer_log: Path = typer.Option(
+        None, help="Where the server logs each KV transfer and handoff (JSON lines)."
+    ),
+    kv_idle_timeout: float = typer.Option(30.0, help="A stalled KV transfer fails after this."),
 ) -> None:
-    """Launch one SGLang server for ROLE, wait until healthy, serve until Ctrl-C/SIGTERM."""
+    """Launch one SGLang server for ROLE, wait until healthy, serve until Ctrl-C/SIGTERM.
+    With the ports and the transfer log, a host of a deployment the testbed does not
+    launch itself (an inventory) serves as a launched one would."""
     if role not in ROLES:
         raise typer.BadParameter(f"role must be one of {', '.join(ROLES)}")
+    env = [(Env.KV_IDLE_TIMEOUT_S, str(kv_idle_timeout))]
+    if transfer_log is not None:
+        transfer_log.parent.mkdir(parents=True, exist_ok=True)
+        env.append((Env.KV_TRANSFER_LOG, str(transfer_log.resolve())))
+    if handoff_port is not None:
+        env.append((Env.HANDOFF_PORT, str(handoff_port)))
     spec = ServerSpec(
         model_path=resolve_model(model),
         role=role,
         host=host,
         port=port,
         max_total_tokens=max_total_tokens,
+        bootstrap_port=bootstrap_port,
+        extra_env=tuple(env),
     )
     server = SGLangServer(spec, log)
 
