@@ -12,7 +12,7 @@ from markupsafe import Markup
 from protocol.records import write_atomic
 from reports import hetero, plots, summary, ttft
 from reports.run_data import RunData, load_run
-from reports.tables import all_tables, confidence, sweep_table
+from reports.tables import all_tables, confidence, knee, sweep_table
 from reports.targets import targets
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -114,6 +114,8 @@ def write_sweep_report(run_dir: Path) -> Path:
         bathtub_plot = plots.bathtub(model, measured) if not model.empty else None
     seeds = list(sweep["sweep"]) == [SEED_FIELD] and not frame.empty
     confidence_table = _html(confidence(frame), "confidence") if seeds else ""
+    by_rate = any(k.endswith("rate_rps") for k in sweep["sweep"]) and not frame.empty
+    knee_table = _html(knee(frame), "knee") if by_rate else ""
     keys = [k.rsplit(".", 1)[-1] for k in sweep["sweep"]]
     x, facet = keys[0], (keys[1] if len(keys) > 1 else None)
     figures = (
@@ -140,6 +142,7 @@ def write_sweep_report(run_dir: Path) -> Path:
         bathtub_table=Markup(bathtub_table),
         bathtub_plot=bathtub_plot,
         confidence=Markup(confidence_table),
+        knee=Markup(knee_table),
     )
     out = run_dir / "sweep.html"
     write_atomic(out, html)

@@ -402,3 +402,23 @@ def confidence(frame: pd.DataFrame, metrics=CONFIDENCE_METRICS) -> pd.DataFrame:
             row[f"{metric}_mean"], row[f"{metric}_ci95"] = mean, half
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def knee(frame: pd.DataFrame, rate: str = "rate_rps", share: float = 0.9) -> pd.DataFrame:
+    """Per system in a sweep over the offered rate: the knee, the highest rate whose
+    SLA goodput is still ``share`` of it (beyond it, more load buys little goodput)."""
+    rows = []
+    for system, points in frame.groupby("system", sort=False):
+        points = points.sort_values(rate)
+        kept = points[points["sla_goodput_rps"] >= share * points[rate]]
+        rows.append(
+            {
+                "system": system,
+                "knee_rps": float(kept[rate].max()) if not kept.empty else np.nan,
+                "goodput_at_knee_rps": float(kept["sla_goodput_rps"].iloc[-1])
+                if not kept.empty
+                else np.nan,
+                "max_goodput_rps": float(points["sla_goodput_rps"].max()),
+            }
+        )
+    return pd.DataFrame(rows)

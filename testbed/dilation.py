@@ -95,6 +95,7 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     pdd["turn_wait_s"] *= k
     pdd["rld_step_s"] *= k
     data["servers"]["kv_idle_timeout_s"] *= k
+    data["workload"]["rate_rps"] /= k  # an open loop's rate, in testbed time
     if scenario.workload.trace is not None:  # a trace file's arrivals and pauses
         data["workload"]["time_scale"] *= k
     else:

@@ -119,6 +119,14 @@ class WorkloadSpec(BaseModel):
     duration_s: float = Field(300, gt=0, description="Upper bound on the load's run time.")
     max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
     speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")
+    arrival: str = Field(
+        "trace",
+        pattern="^(trace|poisson|constant)$",
+        description="Open loop: the trace's arrival times, or a Poisson or constant rate.",
+    )
+    rate_rps: float = Field(
+        1.0, gt=0, description="Open loop, poisson/constant: requests per second."
+    )
     vocab_size: int = Field(4096, gt=11, description="Synthesized token ids stay below this.")
     # A trace file's scaling (workloads.scaling; the generator has its own):
     length_scale: float = Field(

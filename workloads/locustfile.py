@@ -41,7 +41,13 @@ from protocol.metrics import Metric
 from protocol.records import JsonlWriter
 from workloads.client import generate_payload
 from workloads.readers import read_trace
-from workloads.replay import ClientRecord, SessionState, consume_stream, session_order
+from workloads.replay import (
+    ClientRecord,
+    SessionState,
+    arrival_times,
+    consume_stream,
+    session_order,
+)
 from workloads.shards import shard_path
 from workloads.tokens import TokenSynth
 
@@ -54,6 +60,13 @@ def _args(parser):
     )
     parser.add_argument("--mode", choices=["closed", "open"], default="closed", help="Replay mode")
     parser.add_argument("--speedup", type=float, default=1.0, help="Open loop: time compression")
+    parser.add_argument(
+        "--arrival",
+        choices=["trace", "poisson", "constant"],
+        default="trace",
+        help="Open loop: the trace's arrival times, or a Poisson / constant rate",
+    )
+    parser.add_argument("--rate", type=float, default=1.0, help="Open loop: requests per second")
     parser.add_argument("--vocab-size", type=int, default=4096, help="Token ids are < this")
     parser.add_argument("--token-seed", type=int, default=0, help="Seed of block → token ids")
     parser.add_argument("--max-requests", type=int, default=0, help="Stop after N (0: all)")
@@ -246,12 +259,13 @@ class TraceUser(User):
         requests = sorted(
             (r for s in _Shared.sessions for r in s), key=lambda r: r.arrival_s or 0.0
         )
+        times = arrival_times(requests, options.arrival, options.rate, options.token_seed)
         start = time.time()
         pool = []
-        for req in requests:
+        for req, at in zip(requests, times, strict=True):
             if not self._budget_left():
                 break
-            delay = (req.arrival_s or 0.0) / options.speedup - (time.time() - start)
+            delay = at / options.speedup - (time.time() - start)
             if delay > 0:
                 gevent.sleep(delay)
             prompt = _Shared.synth.tokens(req.hash_ids, req.input_length)

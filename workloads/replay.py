@@ -8,6 +8,7 @@ replay sends each request at its arrival time with its prompt built from blocks 
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -83,3 +84,19 @@ def session_order(trace: Trace) -> list[list[Request]]:
     sessions = list(trace.sessions().values())
     sessions.sort(key=lambda turns: (turns[0].arrival_s or 0.0, turns[0].session_id))
     return sessions
+
+
+def arrival_times(requests, shape: str, rate: float, seed: int) -> list[float]:
+    """When each request leaves (seconds from the start): the trace's own times, or a
+    Poisson process / a constant rate of ``rate`` requests per second (in trace order)."""
+    if shape == "trace":
+        return [r.arrival_s or 0.0 for r in requests]
+    if rate <= 0:
+        raise ValueError(f"--rate must be positive, got {rate}")
+    if shape == "constant":
+        return [i / rate for i in range(len(requests))]
+    rng, t, out = random.Random(seed), 0.0, []
+    for _ in requests:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out

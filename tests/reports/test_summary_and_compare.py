@@ -93,3 +93,20 @@ def test_repeated_seeds_give_a_mean_and_95_percent_interval(tmp_path):
     assert "95% confidence interval" in page
     with pytest.raises(Exception, match="sweep already"):
         with_seeds(scenario, 2)
+
+
+def test_the_knee_is_the_highest_rate_still_served_within_the_sla():
+    import pandas as pd
+
+    from reports.tables import knee
+
+    frame = pd.DataFrame(
+        {
+            "system": ["pdd"] * 4 + ["cross_site_pd"] * 4,
+            "rate_rps": [1, 2, 4, 8] * 2,
+            "sla_goodput_rps": [1.0, 1.95, 3.7, 4.1, 0.95, 1.5, 1.6, 1.2],
+        }
+    )
+    rows = knee(frame).set_index("system")
+    assert rows.loc["pdd", "knee_rps"] == 4 and rows.loc["pdd", "max_goodput_rps"] == 4.1
+    assert rows.loc["cross_site_pd", "knee_rps"] == 1

@@ -103,3 +103,20 @@ def test_fixed_hit_requests_share_exactly_that_prefix():
     assert hits[0] == 0 and list(hits[1:]) == [0.75] * 5  # after the first, one shared prefix
     with pytest.raises(ValueError, match="fixed_hit"):
         AgenticConfig(fixed_hit=1.0)
+
+
+def test_open_loop_arrivals_follow_the_trace_a_poisson_or_a_constant_rate():
+    from types import SimpleNamespace
+
+    from workloads.replay import arrival_times
+
+    reqs = [SimpleNamespace(arrival_s=float(i * i)) for i in range(2000)]
+    assert arrival_times(reqs[:3], "trace", 1.0, 0) == [0.0, 1.0, 4.0]
+    assert arrival_times(reqs[:3], "constant", 4.0, 0) == [0.0, 0.25, 0.5]
+    times = arrival_times(reqs, "poisson", 5.0, seed=1)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    mean = sum(gaps) / len(gaps)
+    assert abs(mean - 0.2) < 0.02 and min(gaps) >= 0  # exponential gaps at 5 req/s
+    var = sum((g - mean) ** 2 for g in gaps) / len(gaps)
+    assert abs(var**0.5 - 0.2) < 0.03  # exponential: sd = mean
+    assert times == arrival_times(reqs, "poisson", 5.0, seed=1)  # seeded
