@@ -25,6 +25,7 @@ quits).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import time
@@ -107,6 +108,60 @@ class _Shared:
             cls.sent = itertools.count()
             cls.budget = limit // shards + (shard < limit % shards) if limit else 0
             cls.open_loop_started, cls.active, cls.exhausted = False, 0, False
+
+
+PDD_TAB = "pdd"
+PDD_ROWS = [  # the PDD tab's table: one row per figure of the router's /pdd/stats
+    ("requests", "requests the router finished"),
+    ("pipelines", "requests per pipeline"),
+    ("statuses", "requests per status"),
+    ("wan_kv_wire_bytes", "KV bytes over the WAN"),
+    ("handoffs", "handoffs"),
+    ("handoff_gap_p50_s", "handoff stream gap P50 (s)"),
+    ("handoff_gap_p90_s", "handoff stream gap P90 (s)"),
+]
+
+
+@events.init.add_listener
+def _pdd_tab(environment, **_) -> None:
+    """A PDD tab in Locust's web UI (its extension point): the router's live pipeline
+    mix, WAN bytes and handoff gaps beside Locust's own charts."""
+    web_ui = environment.web_ui
+    if web_ui is None:
+        return
+    from flask import request as flask_request
+
+    web_ui.template_args["extendedTabs"] = [{"title": "PDD", "key": PDD_TAB}]
+    web_ui.template_args["extendedTables"] = [
+        {
+            "key": PDD_TAB,
+            "structure": [
+                {"key": "figure", "title": "Figure"},
+                {"key": "value", "title": "Value"},
+            ],
+        }
+    ]
+
+    @web_ui.app.after_request
+    def _with_pdd_stats(response):
+        if flask_request.path != "/stats/requests" or not environment.host:
+            return response
+        rows = [
+            {"figure": label, "value": str(value)} for label, value in _router_stats(environment)
+        ]
+        data = {**response.json, "extended_stats": [{"key": PDD_TAB, "data": rows}]}
+        response.set_data(json.dumps(data))
+        return response
+
+
+def _router_stats(environment) -> list[tuple[str, object]]:
+    import requests
+
+    try:
+        stats = requests.get(environment.host.rstrip("/") + "/pdd/stats", timeout=1).json()
+    except (requests.RequestException, ValueError) as exc:
+        return [("router", f"unreachable: {exc!r}"[:200])]
+    return [(label, stats.get(key)) for key, label in PDD_ROWS]
 
 
 @events.test_start.add_listener

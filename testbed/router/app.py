@@ -27,6 +27,7 @@ from testbed.router.after import AfterRequest
 from testbed.router.client_stream import FRONT, STREAM, answer_error, client_line, upstream_path
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.health import Health
+from testbed.router.live import LiveStats
 from testbed.router.openai import CHAT, COMPLETIONS, OpenAIFront
 from testbed.router.policies import Loads, PddPolicy, Route, make_policy
 from testbed.router.relay import RelayedPipeline
@@ -56,6 +57,7 @@ class Router:
         }
         self._background: set[asyncio.Task] = set()  # work that outlives its request
         self.active = 0  # requests being handled
+        self.live = LiveStats()
         self.tokenizer = RouterTokenizer(config.tokenizer) if config.tokenizer else None
         self.after: AfterRequest | None = None
         self.relayed: RelayedPipeline | None = None
@@ -71,6 +73,7 @@ class Router:
         for path in ENDPOINTS:
             app.router.add_post(path, self.handle)
         app.router.add_get("/health", self.health)
+        app.router.add_get("/pdd/stats", self.stats)
         for path in INFO:
             app.router.add_get(path, self.info)
         app.router.add_route("*", "/flush_cache", self.flush_cache)
@@ -105,6 +108,11 @@ class Router:
                 "down": dict(self.loads.down),
             }
         )
+
+    async def stats(self, request: web.Request) -> web.Response:
+        """Live figures since the router started (Locust's PDD tab shows them): requests
+        per pipeline and per status, KV bytes over the WAN, handoff stream gaps."""
+        return web.json_response(self.live.as_dict())
 
     async def info(self, request: web.Request) -> web.Response:
         """What a server says about the model (all serve the same one): the answer of
@@ -249,6 +257,7 @@ class Router:
         record.status, record.error = "rejected", str(exc)[:500]
         record.finish = time.time()
         self.records.write(record)
+        self.live.add(record)
         headers_ = {"Retry-After": "1"} if exc.status == 503 else None
         body = error_body(str(exc), exc.status, exc.kind)
         return web.json_response(body, status=exc.status, headers=headers_)
@@ -280,6 +289,7 @@ class Router:
             await self._join_transfer(route, record)
         finally:
             self.records.write(record)
+            self.live.add(record)
 
     async def _serve(self, request, body, route: Route, record: RequestRecord):
         if route.prefill is None:

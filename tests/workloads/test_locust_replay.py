@@ -238,3 +238,43 @@ def test_a_master_and_two_workers_replay_every_request_exactly_once(router, tmp_
 
     # The same load either way: the medians agree within noise on a shared machine.
     assert ttft(merged) <= 3 * ttft(one) + 0.2 and ttft(one) <= 3 * ttft(merged) + 0.2
+
+
+def test_the_web_ui_has_a_pdd_tab_with_the_routers_live_figures(router, tmp_path):
+    """Locust's web UI (its extension point): a PDD tab whose table is the router's
+    live /pdd/stats, served with Locust's own statistics."""
+    trace = generate(
+        AgenticConfig(
+            sessions=2, turns=(2, 2), seed=6, anomalous_share=0.0, length_scale=0.25,
+            time_scale=0.1, output_tokens=(8, 8),
+        )
+    )  # fmt: skip
+    trace.to_jsonl(tmp_path / "trace.jsonl")
+    web = 8391
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--autostart", "-u", "2",
+         "-r", "2", "-t", "60s", "--web-port", str(web), "--web-host", "127.0.0.1",
+         "--host", "http://127.0.0.1:30451", "--trace", str(tmp_path / "trace.jsonl")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        page = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                stats = httpx.get(f"http://127.0.0.1:{web}/stats/requests", timeout=5).json()
+                (pdd,) = [x for x in stats.get("extended_stats", []) if x["key"] == "pdd"]
+                figures = {row["figure"]: row["value"] for row in pdd["data"]}
+                if figures.get("requests the router finished") not in (None, "0", "None"):
+                    page = figures
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1.0)
+        assert page is not None, "no PDD figures in the web UI's statistics"
+        assert "colocated" in page["requests per pipeline"]
+        index = httpx.get(f"http://127.0.0.1:{web}/", timeout=5).text
+        assert '"PDD"' in index or "PDD" in index  # the tab is declared to the UI
+    finally:
+        proc.terminate()
+        proc.wait(30)
