@@ -210,6 +210,9 @@ def bench(
     seeds: int = typer.Option(
         1, min=1, help="Repeat with this many workload seeds; 95% intervals in sweep.html."
     ),
+    locust_ui: int = typer.Option(
+        None, min=1, max=65535, help="Run the load with Locust's web UI on this port."
+    ),
 ) -> None:
     """Every system of the scenario on the same network and trace; HTML report at the end."""
     from testbed.bench.run import run_bench
@@ -221,7 +224,8 @@ def bench(
 
     try:
         sc = Scenario.load(scenario, overrides or ())
-        run_bench(with_seeds(sc, seeds) if seeds > 1 else sc, out, console, system or None)
+        sc = with_seeds(sc, seeds) if seeds > 1 else sc
+        run_bench(sc, out, console, system or None, locust_ui)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
     except KeyboardInterrupt:

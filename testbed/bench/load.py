@@ -20,10 +20,19 @@ MASTER_PORT = 5557
 
 
 class Load:
-    def __init__(self, net, router_url: str, trace: Path, workload, out: Path) -> None:
+    def __init__(
+        self, net, router_url: str, trace: Path, workload, out: Path, ui_port: int | None = None
+    ) -> None:
+        """``ui_port``: run with Locust's web UI there (it starts and quits by itself)."""
         self.net, self.out, self.workers = net, Path(out), workload.workers
         self.clients = net.hosts_with_role("client")
         argv = locust_argv(router_url, trace, workload, self.out)
+        self.ui_url = None
+        if ui_port is not None:
+            argv.remove("--headless")
+            argv += ["--autostart", "--autoquit", "5", "--web-host", "0.0.0.0"]
+            argv += ["--web-port", str(ui_port)]
+            self.ui_url = f"http://{net.address(self.clients[0])}:{ui_port}"
         if self.workers:
             argv += ["--master", "--expect-workers", str(self.workers)]
             argv += ["--master-bind-port", str(MASTER_PORT)]

@@ -62,18 +62,30 @@ class DeploymentDied(RuntimeError):
 
 
 def run_system(
-    scenario: Scenario, system: str, trace: Path, run_dir: Path, console: Console
+    scenario: Scenario,
+    system: str,
+    trace: Path,
+    run_dir: Path,
+    console: Console,
+    ui_port: int | None = None,
 ) -> None:
     out = run_dir / system
     try:
-        _run_system(scenario, system, trace, out, console)
+        _run_system(scenario, system, trace, out, console, ui_port)
     except BaseException as exc:  # failed or interrupted: never passed off as complete
         out.mkdir(parents=True, exist_ok=True)
         (out / INCOMPLETE).write_text(f"{type(exc).__name__}: {exc}\n")
         raise
 
 
-def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console: Console) -> None:
+def _run_system(
+    scenario: Scenario,
+    system: str,
+    trace: Path,
+    out: Path,
+    console: Console,
+    ui_port: int | None = None,
+) -> None:
     with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
         deployment = Deployment(scenario, system, out, NET_NAME).up()
     try:
@@ -93,8 +105,10 @@ def _run_system(scenario: Scenario, system: str, trace: Path, out: Path, console
         total = _requests_in(trace, scenario.workload.max_requests)
         events = deployment.scenario.network.wan_schedule
         schedule = WanSchedule(deployment.net, events, out / "wan_schedule.jsonl")
-        load = Load(deployment.net, deployment.router_url, trace, scenario.workload, out)
+        load = Load(deployment.net, deployment.router_url, trace, scenario.workload, out, ui_port)
         load.start()
+        if load.ui_url:
+            console.print(f"{system}: Locust's web UI at {load.ui_url} (PDD tab included)")
         schedule.start()
         try:
             with LoadProgress(console, system, load.records, total) as progress:
@@ -167,7 +181,11 @@ def _lines(path: Path) -> int:
 
 
 def run_bench(
-    scenario: Scenario, out: Path, console: Console, systems: list[str] | None = None
+    scenario: Scenario,
+    out: Path,
+    console: Console,
+    systems: list[str] | None = None,
+    ui_port: int | None = None,
 ) -> Path:
     """One run directory; a sweep scenario gets one sub-directory per point, each a
     complete run of its own, and a sweep report over them all."""
@@ -183,13 +201,19 @@ def run_bench(
     for i, (label, point) in enumerate(points):
         if label:
             console.rule(f"sweep point {i + 1}/{len(points)}: {label}")
-        run_point(point, run_dir / label if label else run_dir, systems, console)
+        run_point(point, run_dir / label if label else run_dir, systems, console, ui_port)
     if scenario.sweep:
         console.print(f"sweep report: {write_sweep_report(run_dir)}")
     return run_dir
 
 
-def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Console) -> None:
+def run_point(
+    scenario: Scenario,
+    run_dir: Path,
+    systems: list[str],
+    console: Console,
+    ui_port: int | None = None,
+) -> None:
     """Every system on one scenario (one sweep point) and the same trace."""
     run_dir.mkdir(parents=True, exist_ok=True)
     tiny_kv = describe_model(scenario.model.resolve())["kv_bytes_per_token"]
@@ -216,7 +240,7 @@ def run_point(scenario: Scenario, run_dir: Path, systems: list[str], console: Co
     data["systems"] = systems
     write_atomic(run_dir / "scenario.json", json.dumps(data, indent=2))
     for system in systems:
-        run_system(scenario, system, trace, run_dir, console)
+        run_system(scenario, system, trace, run_dir, console, ui_port)
     report = write_report(run_dir)
     console.print(summary(run_dir))
     console.print(targets_table(run_dir))
