@@ -265,9 +265,12 @@ def paper_comparison(
     merged = lat.merge(good, on="system", how="outer").set_index("system")
     rows = []
     for label, system, baseline, column, paper in PAPER:
-        if system in merged.index and baseline in merged.index:
-            measured = relative_change(merged.at[system, column], merged.at[baseline, column])
+        base = merged.at[baseline, column] if baseline in merged.index else np.nan
+        if system in merged.index and base and not np.isnan(base):
+            measured = relative_change(merged.at[system, column], base)
             note = "" if not np.isnan(paper) else "the paper gives one TTFT figure (above)"
+        elif system in merged.index and baseline in merged.index:
+            measured, note = np.nan, f"{baseline}'s {column} is {base}: no ratio"
         else:
             measured, note = np.nan, f"needs {system} and {baseline} in the run"
         rows.append(

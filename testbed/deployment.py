@@ -222,6 +222,11 @@ class Deployment:
             }
         )
 
+    @property
+    def _dilation(self) -> float:
+        emulation = self.scenario.emulation
+        return emulation.dilation if emulation is not None else 1.0
+
     def _request_limits(self) -> RequestLimits:
         """What the router lets through: ids within the vocabulary, prompt and output
         within the context (and the KV pool), the model's names."""
@@ -258,6 +263,10 @@ class Deployment:
             port=cfg.router_port,
             pdd=self._pdd_config(),
             limits=self._request_limits(),
+            # A far server's probe crosses the WAN; under emulation probes are as rare in
+            # testbed time as in the target's, so they take no more of the dilated WAN.
+            health_interval_s=0.5 * self._dilation,
+            health_timeout_s=2.0 * self._dilation + 8 * self.scenario.network.wan.delay_ms / 1000,
             tokenizer=self.scenario.model.resolve(),
         )
         path = self.run_dir / "router.json"

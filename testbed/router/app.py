@@ -58,6 +58,7 @@ class Router:
         self._background: set[asyncio.Task] = set()  # work that outlives its request
         self.active = 0  # requests being handled
         self.live = LiveStats()
+        self.health_checks: Health | None = None
         self.tokenizer = RouterTokenizer(config.tokenizer) if config.tokenizer else None
         self.after: AfterRequest | None = None
         self.relayed: RelayedPipeline | None = None
@@ -83,7 +84,11 @@ class Router:
 
     async def _start(self, app) -> None:
         await self.upstream.open()
-        self.background(Health(self.config.servers, self.loads).run())
+        cfg = self.config
+        self.health_checks = Health(
+            cfg.servers, self.loads, cfg.health_interval_s, cfg.health_timeout_s
+        )
+        self.background(self.health_checks.run())
 
     async def _stop(self, app) -> None:
         for task in self._background:
@@ -106,6 +111,7 @@ class Router:
                 "system": self.config.system,
                 "in_flight": dict(self.loads.in_flight),
                 "down": dict(self.loads.down),
+                "slow": dict(self.health_checks.slow) if self.health_checks else {},
             }
         )
 

@@ -112,6 +112,12 @@ class RouterConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     upstream_timeout_s: float = 600.0
+    health_interval_s: float = Field(
+        0.5, gt=0, allow_inf_nan=False, description="How often each server is probed."
+    )
+    health_timeout_s: float = Field(
+        2.0, gt=0, allow_inf_nan=False, description="How long a server's probe may take."
+    )
     pdd: PddConfig | None = None
     limits: RequestLimits = RequestLimits()
     tokenizer: Path | None = Field(
