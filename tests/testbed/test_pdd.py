@@ -297,7 +297,8 @@ def test_malformed_frames_to_the_handoff_listener_close_the_connection(pdd, colo
         colocated, prompt, 60
     )
     rec = record_of(pdd, "after-bad-frames")
-    assert rec.decode_server.startswith("main_decode")
+    # main decode took the handoff (relay decode may still finish the stream: greedy)
+    assert rec.handoff_mode in ("one-shot", "catch-up") and not rec.fallback, rec
 
 
 def test_an_openai_chat_request_is_relayed_like_a_native_one(pdd, colocated):
@@ -333,7 +334,10 @@ def test_an_openai_chat_request_is_relayed_like_a_native_one(pdd, colocated):
     assert rec.prompt_tokens == own["usage"]["prompt_tokens"] and rec.output_tokens == 120
 
 
-@pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
+SEEDS = {"sglang": 7, "sglang-oai": 8, "sglang-oai-chat": 9}  # new prompts for each
+
+
+@pytest.mark.parametrize("backend", list(SEEDS))
 def test_sglang_bench_serving_runs_unchanged_against_the_router(pdd, backend, tmp_path):
     """A peer's load tool, as its users run it (no extra readiness flags): every request
     completes, text and OpenAI requests are relayed like native ones, and its TTFT
@@ -349,20 +353,24 @@ def test_sglang_bench_serving_runs_unchanged_against_the_router(pdd, backend, tm
         "--base-url", pdd.router_url, "--tokenizer", str(pdd.scenario.model.resolve()),
         "--dataset-name", "random-ids", "--random-input-len", "300",
         "--random-output-len", "24", "--random-range-ratio", "1", "--num-prompts", "6",
-        "--request-rate", "2", "--seed", "7", "--output-file", str(out),
+        "--request-rate", "2", "--seed", str(SEEDS[backend]), "--output-file", str(out),
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(out.read_text().splitlines()[-1])
     assert result["completed"] == 6
     time.sleep(1.0)
-    mine = [r for r in read_records(pdd.records_path) if r.arrival >= before]
-    assert len(mine) == 6 and all(r.status == "ok" for r in mine)
-    assert any(r.pipeline == "P->RLD->MD" for r in mine)  # 300 uncached tokens: relayed
-    router_ms = statistics.median((r.first_token - r.arrival) * 1e3 for r in mine)
+    mine = sorted(
+        (r for r in read_records(pdd.records_path) if r.arrival >= before), key=lambda r: r.arrival
+    )
+    assert len(mine) == 7 and all(r.status == "ok" for r in mine)  # its warm-up request too
+    measured = mine[1:]  # the benchmark's own requests
+    assert any(r.pipeline == "P->RLD->MD" for r in measured)  # 300 new tokens: relayed
+    router_ms = statistics.median((r.first_token - r.arrival) * 1e3 for r in measured)
     client_ms = result["median_ttft_ms"]
-    # The client sees each first token after the router does, plus its own overhead.
-    assert router_ms - 5 <= client_ms <= router_ms + 300, (client_ms, router_ms)
+    # The same requests seen from both ends agree within the client's own overhead and
+    # the noise of a median over six.
+    assert abs(client_ms - router_ms) <= max(60, 0.3 * router_ms), (client_ms, router_ms)
 
 
 # Last in this module: it kills the deployment's relay and main decode servers.
