@@ -7,7 +7,6 @@ sees or on bytes that crossed the wire.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
 import threading
@@ -21,6 +20,7 @@ from protocol.records import read_records
 from testbed.deployment import Deployment
 from testbed.scenario import Scenario, ServersSpec
 from tests.conftest import reference_output
+from tests.testbed.hostile_frames import assert_closed_soon, chunk, frame
 from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
 from workloads.client import generate_payload
@@ -253,39 +253,25 @@ def test_hostile_requests_stop_at_the_router_and_a_client_that_leaves_frees_the_
     )
 
 
-def _frame(kind: int, room: int, body: bytes, length: int | None = None) -> bytes:
-    from protocol.frames import HEADER, MAGIC, VERSION
-
-    return (
-        HEADER.pack(MAGIC, VERSION, kind, 0, room, len(body) if length is None else length) + body
-    )
-
-
-def _chunk(first: int, count: int, payload: bytes, crc: int | None = None) -> bytes:
-    from protocol.kv import KvChunkHeader, crc32
-
-    return KvChunkHeader(first, count, crc32([payload]) if crc is None else crc).encode() + payload
-
-
 # What a hostile or broken prefill peer sends after decode's transfer request: each must
 # end decode's request with a clear error quickly, never a dead receiver thread.
 PAGE = KV_BYTES_PER_TOKEN  # the tiny model's page (page size 1)
 BAD_PREFILL_REPLIES = {
     "bad magic": lambda room: b"XXXX" + bytes(16),
-    "wrong version": lambda room: _frame(2, room, b"")[:4] + b"\x09" + _frame(2, room, b"")[5:],
-    "unknown type": lambda room: _frame(99, room, b""),
-    "2 GiB chunk header": lambda room: _frame(2, room, b"", length=(1 << 31)),
-    "oversized chunk": lambda room: _frame(2, room, b"", length=64 << 20),
-    "chunk without header": lambda room: _frame(2, room, b"\x00" * 8),
-    "chunk of the wrong size": lambda room: _frame(2, room, _chunk(0, 1, b"\x01" * 10)),
-    "chunk with a bad checksum": lambda room: _frame(2, room, _chunk(0, 1, b"\x02" * PAGE, 7)),
-    "chunk beyond the pages": lambda room: _frame(2, room, _chunk(10**6, 1, b"\x03" * PAGE)),
-    "aux with a bad checksum": lambda room: _frame(3, room, b"\x00\x00\x00\x01abc"),
-    "done with wrong totals": lambda room: _frame(4, room, (5).to_bytes(4, "big") + bytes(8)),
-    "short done": lambda room: _frame(4, room, b"\x00"),
-    "an ack from prefill": lambda room: _frame(5, room, b""),
-    "prefill reports a failure": lambda room: _frame(6, room, b"out of cheese"),
-    "cut mid-frame": lambda room: _frame(2, room, b"", length=PAGE + 12)[:30],
+    "wrong version": lambda room: frame(2, room, b"")[:4] + b"\x09" + frame(2, room, b"")[5:],
+    "unknown type": lambda room: frame(99, room, b""),
+    "2 GiB chunk header": lambda room: frame(2, room, b"", length=(1 << 31)),
+    "oversized chunk": lambda room: frame(2, room, b"", length=64 << 20),
+    "chunk without header": lambda room: frame(2, room, b"\x00" * 8),
+    "chunk of the wrong size": lambda room: frame(2, room, chunk(0, 1, b"\x01" * 10)),
+    "chunk with a bad checksum": lambda room: frame(2, room, chunk(0, 1, b"\x02" * PAGE, 7)),
+    "chunk beyond the pages": lambda room: frame(2, room, chunk(10**6, 1, b"\x03" * PAGE)),
+    "aux with a bad checksum": lambda room: frame(3, room, b"\x00\x00\x00\x01abc"),
+    "done with wrong totals": lambda room: frame(4, room, (5).to_bytes(4, "big") + bytes(8)),
+    "short done": lambda room: frame(4, room, b"\x00"),
+    "an ack from prefill": lambda room: frame(5, room, b""),
+    "prefill reports a failure": lambda room: frame(6, room, b"out of cheese"),
+    "cut mid-frame": lambda room: frame(2, room, b"", length=PAGE + 12)[:30],
 }
 
 
@@ -338,27 +324,19 @@ def test_malformed_frames_from_a_prefill_peer_fail_decode_clearly(pd, colocated)
 
 
 def test_malformed_frames_to_the_prefill_listener_are_refused_and_it_serves_on(pd, colocated):
-    import socket
 
     (prefill,) = [s for s in pd.servers if s.role == "prefill"]
     address = (prefill.spec.host, pd.scenario.servers.bootstrap_port)
     hostile = [
         b"GET / HTTP/1.1\r\nHost: prefill\r\n\r\n",  # not a PDKV peer at all
-        _frame(2, 1, b"\x00" * 12),  # a KV chunk where a transfer request belongs
-        _frame(1, 2, b"", length=1 << 30),  # a 1 GiB transfer request: refused unread
-        _frame(1, 3, b"\x00" * 5),  # a transfer request too short to decode
-        _frame(1, 4, b"\x00" * 20),  # one with the wrong KV layout
-        _frame(99, 5, b""),
+        frame(2, 1, b"\x00" * 12),  # a KV chunk where a transfer request belongs
+        frame(1, 2, b"", length=1 << 30),  # a 1 GiB transfer request: refused unread
+        frame(1, 3, b"\x00" * 5),  # a transfer request too short to decode
+        frame(1, 4, b"\x00" * 20),  # one with the wrong KV layout
+        frame(99, 5, b""),
     ]
     for raw in hostile:
-        with socket.create_connection(address, timeout=10) as s:
-            s.sendall(raw)
-            s.settimeout(10)
-            started = time.monotonic()
-            with contextlib.suppress(ConnectionError):
-                while s.recv(4096):  # a FAILURE frame, then the close; or the close
-                    pass
-            assert time.monotonic() - started < 10
+        assert_closed_soon(address, raw)
     fresh = [random.Random(52).randrange(10, 4000) for _ in range(300)]
     assert generate(pd, fresh, "s-after-listener", 0)["output_ids"] == reference_output(
         colocated, fresh, NEW_TOKENS

@@ -6,17 +6,14 @@ router goes on serving."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 from protocol import headers
-from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.validate import RequestLimits
-from tests.testbed.test_router_unit import free_port
+from tests.testbed.router_process import colocated_config, free_port, running_router
 
 OK = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -91,38 +88,12 @@ CASES = [
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fuzz")
-    dead, port = free_port(), free_port()
-    config = RouterConfig(
-        system="colocated",
-        policy="colocated",
-        records=tmp / "records.jsonl",
-        host="127.0.0.1",
-        port=port,
-        servers=[
-            ServerEntry(name="gone", url=f"http://127.0.0.1:{dead}", role="colocated", host="x")
-        ],
-        limits=RequestLimits(
-            vocab_size=1000, context_tokens=4096, served_models=("default",), max_body_bytes=1 << 20
-        ),
+    limits = RequestLimits(
+        vocab_size=1000, context_tokens=4096, served_models=("default",), max_body_bytes=1 << 20
     )
-    (tmp / "router.json").write_text(config.model_dump_json())
-    log = open(tmp / "router.log", "w")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "testbed.router", str(tmp / "router.json")], stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(url + "/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    config = colocated_config(tmp, {"gone": free_port()}, limits=limits)
+    with running_router(config, tmp) as url:
         yield url, tmp
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        log.close()
 
 
 def test_every_malformed_request_is_a_clear_json_error_and_a_rejected_record(router):

@@ -4,17 +4,15 @@ what is tested is the router's rotation, not generation."""
 
 from __future__ import annotations
 
+import contextlib
 import json
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 
-from testbed.router.config import RouterConfig, ServerEntry
-from tests.testbed.test_router_unit import free_port
+from tests.testbed.router_process import colocated_config, free_port, running_router
 
 
 class StandIn(BaseHTTPRequestHandler):
@@ -74,30 +72,13 @@ def down(url: str) -> dict:
 
 
 def test_a_dead_server_leaves_rotation_within_2_s_and_returns_when_healthy(tmp_path):
-    live, dead, port = free_port(), free_port(), free_port()
-    config = RouterConfig(
-        system="colocated",
-        policy="colocated",
-        records=tmp_path / "records.jsonl",
-        host="127.0.0.1",
-        port=port,
-        servers=[
-            ServerEntry(name=n, url=f"http://127.0.0.1:{p}", role="colocated", host="127.0.0.1")
-            for n, p in (("a-dead", dead), ("b-live", live))
-        ],
-    )
-    (tmp_path / "router.json").write_text(config.model_dump_json())
+    live, dead = free_port(), free_port()
+    config = colocated_config(tmp_path, {"a-dead": dead, "b-live": live})
     stand_in = serve(live)
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.router", str(tmp_path / "router.json")])
-    url = f"http://127.0.0.1:{port}"
     revived = None
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(url + "/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(running_router(config, tmp_path))
+        stack.callback(lambda: revived and (revived.shutdown(), revived.server_close()))
         started = time.monotonic()
         while "a-dead" not in down(url):
             assert time.monotonic() - started < 2.0, "the dead server is still in rotation"
@@ -129,39 +110,15 @@ def test_a_dead_server_leaves_rotation_within_2_s_and_returns_when_healthy(tmp_p
         assert (
             r.status_code == 503 and "no healthy colocated server" in r.json()["error"]["message"]
         )
-    finally:
-        if revived is not None:
-            revived.shutdown()
-            revived.server_close()
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_a_server_dying_mid_stream_ends_the_stream_with_an_error_event(tmp_path):
     """Never a second HTTP response inside the chunked body: the client reads the
     tokens it got, then an SSE error event, then a clean end of the stream."""
-    live, port = free_port(), free_port()
-    config = RouterConfig(
-        system="colocated",
-        policy="colocated",
-        records=tmp_path / "records.jsonl",
-        host="127.0.0.1",
-        port=port,
-        servers=[
-            ServerEntry(name="dies", url=f"http://127.0.0.1:{live}", role="colocated", host="x")
-        ],
-    )
-    (tmp_path / "router.json").write_text(config.model_dump_json())
+    live = free_port()
+    config = colocated_config(tmp_path, {"dies": live})
     stand_in = serve(live)
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.router", str(tmp_path / "router.json")])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(url + "/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with running_router(config, tmp_path) as url:
         body = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8}, "stream": True}
         with httpx.stream("POST", url + "/generate", json=body, timeout=10) as r:
             assert r.status_code == 200
@@ -171,37 +128,15 @@ def test_a_server_dying_mid_stream_ends_the_stream_with_an_error_event(tmp_path)
         time.sleep(0.3)
         (record,) = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
         assert record["status"] == "upstream_error" and record["output_tokens"] == 2
-    finally:
-        stand_in.shutdown()
-        stand_in.server_close()
-        proc.terminate()
-        proc.wait(timeout=10)
+    stand_in.shutdown()
+    stand_in.server_close()
 
 
 def test_model_info_is_a_servers_and_flush_cache_reaches_every_server(tmp_path):
-    ports, port = [free_port(), free_port()], free_port()
-    config = RouterConfig(
-        system="colocated",
-        policy="colocated",
-        records=tmp_path / "records.jsonl",
-        host="127.0.0.1",
-        port=port,
-        servers=[
-            ServerEntry(name=f"s{i}", url=f"http://127.0.0.1:{p}", role="colocated", host="x")
-            for i, p in enumerate(ports)
-        ],
-    )
-    (tmp_path / "router.json").write_text(config.model_dump_json())
+    ports = [free_port(), free_port()]
+    config = colocated_config(tmp_path, {f"s{i}": p for i, p in enumerate(ports)})
     stand_ins = [serve(p) for p in ports]
-    proc = subprocess.Popen([sys.executable, "-m", "testbed.router", str(tmp_path / "router.json")])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(url + "/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+    with running_router(config, tmp_path) as url:
         models = httpx.get(url + "/v1/models", timeout=10).json()
         assert models["data"][0]["id"] == "tiny"  # what the server serves, as it says it
         StandIn.flushed.clear()
@@ -211,9 +146,5 @@ def test_model_info_is_a_servers_and_flush_cache_reaches_every_server(tmp_path):
         stand_ins[1].server_close()
         r = httpx.post(url + "/flush_cache", timeout=10)
         assert r.status_code == 502 and "s1" in r.json()["error"]["message"]
-    finally:
-        for s in stand_ins:
-            s.shutdown()
-            s.server_close()
-        proc.terminate()
-        proc.wait(timeout=10)
+    stand_ins[0].shutdown()
+    stand_ins[0].server_close()
