@@ -302,8 +302,10 @@ class TraceUser(User):
             # Locust writes --csv stats every second; ending sooner could drop the
             # last requests from the files. The web UI's runner stops (another test
             # can follow); a headless one quits.
-            headless = getattr(self.environment.parsed_options, "headless", False)
-            done = headless or isinstance(runner, WorkerRunner)  # a worker's shard is done
+            options = self.environment.parsed_options
+            headless = getattr(options, "headless", False)
+            autoquit = getattr(options, "autoquit", -1) != -1  # a bench's web UI: it ends
+            done = headless or autoquit or isinstance(runner, WorkerRunner)  # or a shard
             gevent.spawn_later(2.5, runner.quit if done else runner.stop)
 
     def _open_loop(self, options) -> None:

@@ -182,6 +182,27 @@ def test_openai_endpoints_stream_through_the_router(pd, colocated):
     assert r.json()["output_ids"] == own["output_ids"] and r.json()["text"] == own["text"]
 
 
+def test_the_official_openai_client_streams_chat_and_completions(pd, colocated):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{pd.router_url}/v1", api_key="none", timeout=120)
+    messages = [{"role": "user", "content": "plan the tool call"}]
+    stream = client.chat.completions.create(
+        model="default", messages=messages, max_tokens=8, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    own = client.with_options(base_url=f"{colocated.spec.url}/v1").chat.completions.create(
+        model="default", messages=messages, max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert text and text == own.choices[0].message.content
+    done = client.completions.create(model="default", prompt="tool result:", max_tokens=4)
+    assert done.choices[0].text and done.usage.completion_tokens == 4
+    with pytest.raises(Exception, match="not served here"):
+        client.completions.create(model="gpt-9", prompt="x", max_tokens=2)
+
+
 def server_busy(pd: Deployment, role: str) -> int:
     """Requests the server of ``role`` runs or queues (SGLang's own /v1/loads)."""
     (server,) = [s for s in pd.servers if s.role == role]

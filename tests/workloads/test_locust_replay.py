@@ -275,6 +275,27 @@ def test_the_web_ui_has_a_pdd_tab_with_the_routers_live_figures(router, tmp_path
         assert "colocated" in page["requests per pipeline"]
         index = httpx.get(f"http://127.0.0.1:{web}/", timeout=5).text
         assert '"PDD"' in index or "PDD" in index  # the tab is declared to the UI
+        # The trace is done: the runner stops (not quits), and a second test from the
+        # UI's HTTP API replays it again from a fresh state.
+        ui = f"http://127.0.0.1:{web}"
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{ui}/stats/requests", timeout=5).json()["state"] != "stopped":
+            assert time.monotonic() < deadline, "the first test never stopped"
+            time.sleep(1.0)
+        first = _e2e_count(ui)
+        assert first == len(trace.requests)
+        r = httpx.post(f"{ui}/swarm", data={"user_count": 2, "spawn_rate": 2}, timeout=10)
+        assert r.status_code == 200 and r.json().get("success"), r.text
+        deadline = time.monotonic() + 120
+        while _e2e_count(ui) < len(trace.requests):
+            assert time.monotonic() < deadline, "the second test did not replay the trace"
+            time.sleep(1.0)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def _e2e_count(ui: str) -> int:
+    """Requests of the current test (Locust resets its statistics when a test starts)."""
+    stats = httpx.get(f"{ui}/stats/requests", timeout=5).json()["stats"]
+    return sum(row["num_requests"] for row in stats if row.get("method") == "e2e_s")
