@@ -1,10 +1,20 @@
-"""The router's HTTP side (aiohttp): /generate, /v1/completions, /v1/chat/completions.
+"""The router's HTTP side (aiohttp): /generate, /v1/completions, /v1/chat/completions,
+and what a server answers about itself (/v1/models, /model_info, /server_info,
+/flush_cache), the router's /health and live /pdd/stats.
 
-Per request: parse → the policy picks a route → for P/D routes, inject the bootstrap
-fields and POST prefill and decode together → relay the decode stream to the client,
-timing every token → write the RequestRecord (KV bytes joined from the transfer log).
-A prefill failure cancels the decode request and reaches the client as an error.
-PDD's relayed pipeline (P->RLD->MD) is :mod:`testbed.router.relay`.
+Per request: admission (``max_in_flight``) → headers and body checked
+(:mod:`validate`) → text and OpenAI requests tokenized (:mod:`tokens`, :mod:`openai`)
+→ the policy picks a route among the healthy servers (:mod:`health`) → for P/D
+routes, inject the bootstrap fields and POST prefill and decode together → relay the
+decode stream to the client, timing every token → write exactly one RequestRecord
+(KV bytes joined from the transfer log), whatever happened. A prefill failure cancels
+the decode request and reaches the client as an error; any failure after the stream
+started is an SSE error event and the stream's end. PDD's relayed pipeline
+(P->RLD->MD) is :mod:`testbed.router.relay`.
+
+Lifecycle: ``Router(config).app()`` → on startup the upstream sessions open and the
+health checks start → requests → on cleanup background work is cancelled and the
+sessions close.
 """
 
 from __future__ import annotations
