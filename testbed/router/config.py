@@ -87,12 +87,13 @@ class PddConfig(BaseModel):
         True, description="After a request ends on MD, P caches the exchange too (DRC alignment)."
     )
     turn_wait_s: float = Field(
-        0.5,
+        0.0,
         ge=0,
         allow_inf_nan=False,
         description="A session's next turn waits at most this long for the previous turn's "
         "DRC alignment (P caching the exchange, or MD settling it); past that it is routed on "
-        "what the router's mirror of MD's cache knows then.",
+        "what the router's mirror of MD's cache knows then. 0 (default): never waits (on "
+        "hetero every wait of 0.5 s ran to its end and was pdd's whole TTFT tail).",
     )
     settle_timeout_s: float = Field(
         30.0,

@@ -81,7 +81,7 @@ def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
     from testbed.router.mirror import PrefixMirror
 
     async def two_turns():
-        after = AfterRequest(PddConfig(), PrefixMirror(), None)
+        after = AfterRequest(PddConfig(turn_wait_s=30), PrefixMirror(), None)
         first = await after.before("s")
         second = asyncio.create_task(after.before("s"))  # the next turn arrives early
         await asyncio.sleep(0.01)
@@ -109,7 +109,7 @@ def test_a_next_turn_waits_for_its_previous_turn_to_settle_on_md():
     from testbed.router.mirror import PrefixMirror
 
     async def two_turns():
-        after = AfterRequest(PddConfig(), PrefixMirror(), None)
+        after = AfterRequest(PddConfig(turn_wait_s=30), PrefixMirror(), None)
         first = await after.before("s")
         record = RequestRecord(
             request_id="r", system="pdd", endpoint="/generate", arrival=0, session_id="s"

@@ -121,9 +121,9 @@ def test_invalid_scenarios_fail_before_anything_starts(tmp_path, section, messag
 
 def test_set_overrides_apply_before_validation_and_refuse_bad_input():
     sc = Scenario.load(
-        "default", ["network.wan.rate_mbit=25", "pdd.turn_wait_s=0", "systems=[pdd, colocated]"]
+        "default", ["network.wan.rate_mbit=25", "pdd.turn_wait_s=0.25", "systems=[pdd, colocated]"]
     )
-    assert sc.network.wan.rate_mbit == 25 and sc.pdd.turn_wait_s == 0
+    assert sc.network.wan.rate_mbit == 25 and sc.pdd.turn_wait_s == 0.25
     assert sc.systems == ["pdd", "colocated"]
     with pytest.raises(ScenarioError, match="network.wan.rate_mbit"):
         Scenario.load("default", ["network.wan.rate_mbit=-1"])  # validated like the file
