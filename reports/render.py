@@ -12,7 +12,8 @@ from markupsafe import Markup
 from protocol.records import write_atomic
 from reports import hetero, plots, summary, ttft
 from reports.run_data import RunData, load_run
-from reports.tables import all_tables, confidence, knee, sweep_table
+from reports.sweeps import confidence, knee
+from reports.tables import all_tables, sweep_table
 from reports.targets import targets
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -33,8 +33,17 @@ from protocol.names import Pipeline, Role
 from protocol.records import JsonlWriter, RequestRecord
 from protocol.rooms import new_room
 from protocol.stream import Chunk, OutputStream, error_body
+from testbed.router import server_info
 from testbed.router.after import AfterRequest
-from testbed.router.client_stream import FRONT, STREAM, answer_error, client_line, upstream_path
+from testbed.router.client_stream import (
+    FRONT,
+    STREAM,
+    answer_error,
+    client_gone,
+    client_left,
+    client_line,
+    upstream_path,
+)
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.health import Health
 from testbed.router.live import LiveStats
@@ -43,7 +52,7 @@ from testbed.router.policies import Loads, PddPolicy, Route, make_policy
 from testbed.router.relay import RelayedPipeline
 from testbed.router.tokens import RouterTokenizer
 from testbed.router.transfers import TransferIndex
-from testbed.router.upstream import Upstream, UpstreamError, cached_tokens, lines, read_or_abort
+from testbed.router.upstream import Upstream, UpstreamError, lines, read_or_abort, record_answer
 from testbed.router.validate import Rejected, check_body, check_headers
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -131,41 +140,13 @@ class Router:
         return web.json_response(self.live.as_dict())
 
     async def info(self, request: web.Request) -> web.Response:
-        """What a server says about the model (all serve the same one): the answer of
-        the first healthy server, as it gave it."""
-        up = [s for s in self.config.servers if s.name not in self.loads.down]
-        if not up:
-            return web.json_response(error_body("no healthy server", 503, "overloaded"), status=503)
-        try:
-            async with self.upstream.session(up[0].role).get(up[0].url + request.path) as r:
-                body = await r.read()
-                return web.Response(body=body, status=r.status, content_type=r.content_type)
-        except (TimeoutError, ClientError, OSError) as exc:
-            message = f"{up[0].name}: {exc!r}"
-            return web.json_response(error_body(message, 502, "upstream_error"), status=502)
+        return await server_info.first_healthy(
+            request, self.config.servers, self.loads, self.upstream
+        )
 
     async def flush_cache(self, request: web.Request) -> web.Response:
-        """Every server's prefix cache emptied (SGLang's /flush_cache on each), and the
-        router's mirror of main decode's cache with them."""
-
-        async def one(server: ServerEntry) -> tuple[str, str | None]:
-            try:
-                async with self.upstream.session(server.role).post(
-                    server.url + "/flush_cache"
-                ) as r:
-                    text = await r.text()
-                    return server.name, None if r.status == 200 else f"{r.status}: {text[:200]}"
-            except (TimeoutError, ClientError, OSError) as exc:
-                return server.name, repr(exc)[:200]
-
-        results = dict(await asyncio.gather(*(one(s) for s in self.config.servers)))
-        if isinstance(self.policy, PddPolicy):
-            self.policy.mirror.clear()
-        failed = {name: why for name, why in results.items() if why}
-        if failed:
-            message = "; ".join(f"{name}: {why}" for name, why in failed.items())
-            return web.json_response(error_body(message, 502, "upstream_error"), status=502)
-        return web.json_response({"flushed": sorted(results)})
+        mirror = self.policy.mirror if isinstance(self.policy, PddPolicy) else None
+        return await server_info.flush_all(self.config.servers, self.upstream, mirror)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """Admission control around :meth:`_handle`: past ``max_in_flight`` requests,
@@ -302,7 +283,7 @@ class Router:
         try:
             if after is not None:
                 await asyncio.wait({after}, timeout=self.config.pdd.settle_timeout_s)
-            await self._join_transfer(route, record)
+            await self.transfers.join(route, record)
         finally:
             self.records.write(record)
             self.live.add(record)
@@ -373,7 +354,7 @@ class Router:
             if not body.get("stream") or upstream.status != 200:
                 text = await read_or_abort(read_or_abort(upstream.text(), abort_if), left)
                 record.finish = time.time()
-                _record_final(record, text, upstream.status)
+                record_answer(record, text, upstream.status)
                 front = request.get(FRONT)
                 if front is not None and upstream.status == 200:
                     return web.json_response(front.final(json.loads(text)))
@@ -420,78 +401,3 @@ class Router:
             upstream.release()  # not read to its end (client gone): the connection closes
             if left is not None:
                 left.cancel()
-
-    async def _join_transfer(self, route: Route, record: RequestRecord) -> None:
-        """The servers' logs into the record: the KV that crossed to the server that
-        decodes to the end (for P->RLD->MD: main decode, over the WAN, even if relay
-        decode finished the request), and the stamps that split the TTFT."""
-        if record.room is None:
-            return
-        server, room = route.kv_server, record.room
-        if server.transfer_log is None:
-            return
-        wait_s = 0.5 if record.status == "ok" else 0.1
-        transfer = await self.transfers.lookup(room, server.transfer_log, wait_s)
-        self._join_stamps(route, record)
-        self.transfers.forget(room)
-        if transfer is None:
-            return
-        record.kv_bytes, record.kv_wire_bytes = transfer.kv_bytes, transfer.wire_bytes
-        record.cached_tokens_decode = transfer.decode_prefix_len
-        record.kv_transfer_s = transfer.seconds
-        record.kv_link = "lan" if route.prefill.site == server.site else "wan"
-        if record.kv_link == "wan":
-            record.wan_first_byte, record.wan_end = transfer.first_byte, transfer.end
-        if not transfer.ok and record.fallback:
-            record.fallback = f"{record.fallback}; KV transfer: {transfer.reason}"[:500]
-        elif not transfer.ok and record.status == "ok":
-            record.status, record.error = "upstream_error", f"KV transfer failed: {transfer.reason}"
-
-    def _join_stamps(self, route: Route, record: RequestRecord) -> None:
-        """When P finished computing, when the first token's decoder held the KV, and
-        when MD extended the final handoff."""
-        room, logs = record.room, self.transfers
-        if route.prefill.transfer_log is not None:
-            sent = [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
-            record.prefill_first_byte = min((t for t in sent if t), default=None)
-        first = route.stream_from.transfer_log
-        held = logs.peek(room, first) if first is not None else None
-        if held is not None and held.ok:
-            record.kv_first_byte, record.kv_end = held.first_byte, held.end
-        if route.main_decode is not None and route.main_decode.transfer_log is not None:
-            final = [h for h in logs.handoffs(room, route.main_decode.transfer_log) if h.final]
-            record.handoff_extended = final[-1].extended_at if final else None
-
-
-def client_gone(request: web.Request) -> bool:
-    return request.transport is None or request.transport.is_closing()
-
-
-async def client_left(request: web.Request, every_s: float = 0.25) -> None:
-    """Returns by raising once the client's connection is gone."""
-    while not client_gone(request):
-        await asyncio.sleep(every_s)
-    raise ConnectionResetError("client disconnected")
-
-
-def _record_final(record: RequestRecord, text: str, status: int) -> None:
-    """A non-streamed response (or an error) into the record."""
-    if status != 200:
-        record.status, record.error = "upstream_error", f"HTTP {status}: {text[:500]}"
-        return
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
-        return
-    record.first_token = record.finish
-    if "meta_info" in data:
-        meta = data["meta_info"]
-        record.output_tokens = int(meta.get("completion_tokens", 0))
-        record.output_ids = list(data.get("output_ids") or [])
-        record.prompt_tokens = meta.get("prompt_tokens")
-        if record.prefill_server is None:
-            record.cached_tokens_prefill = cached_tokens(data)
-    elif "usage" in data:
-        record.output_tokens = int(data["usage"].get("completion_tokens", 0))
-        record.prompt_tokens = data["usage"].get("prompt_tokens")
-    record.token_times = [record.finish] * record.output_tokens

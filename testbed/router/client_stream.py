@@ -3,6 +3,7 @@ at the end; every token it is sent is timed into the request's record."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -82,3 +83,14 @@ async def answer_error(request: web.Request, message: str, status: int, kind: st
         await stream.write(error_event(message, status, kind))
         await stream.write_eof()
     return stream
+
+
+def client_gone(request: web.Request) -> bool:
+    return request.transport is None or request.transport.is_closing()
+
+
+async def client_left(request: web.Request, every_s: float = 0.25) -> None:
+    """Returns by raising once the client's connection is gone."""
+    while not client_gone(request):
+        await asyncio.sleep(every_s)
+    raise ConnectionResetError("client disconnected")

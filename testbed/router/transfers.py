@@ -2,8 +2,8 @@
 
 Each line is a :data:`protocol.records.TRANSFER_LOG_SIDES` record: a transfer's
 sender side (prefill, one per destination), its receiver side (decode), or a handoff
-main decode applied. The router joins them into a request's record (KV bytes, the
-TTFT's parts) and its WAN line learns from the receivers' lines as they appear.
+main decode applied. ``join`` puts them into a request's record (KV bytes, the TTFT's
+parts), and the router's WAN line learns from the receivers' lines as they appear.
 """
 
 from __future__ import annotations
@@ -13,8 +13,18 @@ import json
 import logging
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from protocol.records import TRANSFER_LOG_SIDES, HandoffRecord, TransferRecord, from_dict
+from protocol.records import (
+    TRANSFER_LOG_SIDES,
+    HandoffRecord,
+    RequestRecord,
+    TransferRecord,
+    from_dict,
+)
+
+if TYPE_CHECKING:
+    from testbed.router.policies import Route
 
 KEEP = 20_000  # log lines kept per side for lookup; the oldest go first
 logger = logging.getLogger("pdd.router")
@@ -93,3 +103,44 @@ class TransferIndex:
             keys.discard(key)
             if not keys:
                 del self._by_room[key[1]]
+
+    async def join(self, route: Route, record: RequestRecord) -> None:
+        """The servers' logs into the record: the KV that crossed to the server that
+        decodes to the end (for P->RLD->MD: main decode, over the WAN, even if relay
+        decode finished the request), and the stamps that split the TTFT."""
+        if record.room is None:
+            return
+        server, room = route.kv_server, record.room
+        if server.transfer_log is None:
+            return
+        wait_s = 0.5 if record.status == "ok" else 0.1
+        transfer = await self.lookup(room, server.transfer_log, wait_s)
+        self._join_stamps(route, record)
+        self.forget(room)
+        if transfer is None:
+            return
+        record.kv_bytes, record.kv_wire_bytes = transfer.kv_bytes, transfer.wire_bytes
+        record.cached_tokens_decode = transfer.decode_prefix_len
+        record.kv_transfer_s = transfer.seconds
+        record.kv_link = "lan" if route.prefill.site == server.site else "wan"
+        if record.kv_link == "wan":
+            record.wan_first_byte, record.wan_end = transfer.first_byte, transfer.end
+        if not transfer.ok and record.fallback:
+            record.fallback = f"{record.fallback}; KV transfer: {transfer.reason}"[:500]
+        elif not transfer.ok and record.status == "ok":
+            record.status, record.error = "upstream_error", f"KV transfer failed: {transfer.reason}"
+
+    def _join_stamps(self, route: Route, record: RequestRecord) -> None:
+        """When P finished computing, when the first token's decoder held the KV, and
+        when MD extended the final handoff."""
+        room, logs = record.room, self
+        if route.prefill.transfer_log is not None:
+            sent = [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
+            record.prefill_first_byte = min((t for t in sent if t), default=None)
+        first = route.stream_from.transfer_log
+        held = logs.peek(room, first) if first is not None else None
+        if held is not None and held.ok:
+            record.kv_first_byte, record.kv_end = held.first_byte, held.end
+        if route.main_decode is not None and route.main_decode.transfer_log is not None:
+            final = [h for h in logs.handoffs(room, route.main_decode.transfer_log) if h.final]
+            record.handoff_extended = final[-1].extended_at if final else None

@@ -9,6 +9,7 @@ cleanup."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
@@ -125,3 +126,26 @@ async def chunks(upstream, abort_if: asyncio.Task | None = None):
     """Parsed SSE chunks from upstream (see :func:`lines`)."""
     async for line in lines(upstream, abort_if):
         yield Chunk.parse(line)
+
+
+def record_answer(record: RequestRecord, text: str, status: int) -> None:
+    """A non-streamed response (or an error) into the record."""
+    if status != 200:
+        record.status, record.error = "upstream_error", f"HTTP {status}: {text[:500]}"
+        return
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    record.first_token = record.finish
+    if "meta_info" in data:
+        meta = data["meta_info"]
+        record.output_tokens = int(meta.get("completion_tokens", 0))
+        record.output_ids = list(data.get("output_ids") or [])
+        record.prompt_tokens = meta.get("prompt_tokens")
+        if record.prefill_server is None:
+            record.cached_tokens_prefill = cached_tokens(data)
+    elif "usage" in data:
+        record.output_tokens = int(data["usage"].get("completion_tokens", 0))
+        record.prompt_tokens = data["usage"].get("prompt_tokens")
+    record.token_times = [record.finish] * record.output_tokens

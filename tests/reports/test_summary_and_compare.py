@@ -73,7 +73,8 @@ def test_compare_gives_each_runs_value_and_the_change(tmp_path):
 
 def test_repeated_seeds_give_a_mean_and_95_percent_interval(tmp_path):
     from reports.render import write_reports
-    from reports.tables import confidence, sweep_table
+    from reports.sweeps import confidence
+    from reports.tables import sweep_table
     from testbed.cli import with_seeds
 
     scenario = with_seeds(Scenario.load("default"), 3)
@@ -98,7 +99,7 @@ def test_repeated_seeds_give_a_mean_and_95_percent_interval(tmp_path):
 def test_the_knee_is_the_highest_rate_still_served_within_the_sla():
     import pandas as pd
 
-    from reports.tables import knee
+    from reports.sweeps import knee
 
     frame = pd.DataFrame(
         {
