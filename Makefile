@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff \
+.PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff bench-faults soak \
         bench-wan-sweep bench-paper bench-hetero bench-bathtub bench-mooncake plan clean help
 
 help:            ## list targets
@@ -39,6 +39,12 @@ bench-transfer:  ## KV goodput over the emulated WAN (1-64 MB) and the baselines
 
 bench-handoff:   ## 100-token handoff over a lossy WAN: KV shipped vs token ids + recompute
 	$(BIN)/testbed bench-handoff handoff
+
+bench-faults:    ## fault matrix on pdd and the baselines: cuts, loss, rate dips, kill -9 (~25 min)
+	$(BIN)/testbed bench-faults faults
+
+soak:            ## 30 min of pdd at 1% WAN loss, 5 ms jitter: failures, every process's RSS growth
+	$(BIN)/testbed soak soak
 
 bench-wan-sweep: ## same_site_pd, cross_site_pd and pdd over WAN rate x loss; sweep.html
 	$(BIN)/testbed bench wan_sweep

@@ -1,21 +1,34 @@
 """The PDKV frame: how every message of the KV transfer and the handoff is framed.
 
-A frame is a 20-byte header (magic ``PDKV``, version, type, reserved, room, body
-length; big-endian) followed by its body. The sync codec serves the SGLang side
-(threads on plain sockets), the asyncio codec the router; both check the same things.
+A frame is a 20-byte header (magic ``PDKV``, version, type, flags, room, body
+length; big-endian) followed by its body and, when the deployment has a frame key,
+a 16-byte tag: HMAC-SHA256 (truncated, as RFC 4868 does) over header and body under
+the per-deployment key the harness hands every server and the router (``Env.FRAME_KEY``).
+A listener with a key refuses untagged frames and frames whose tag does not verify,
+so nobody who merely reaches a KV or handoff port can feed it data. Not covered: an
+on-path attacker replaying captured frames (no per-connection nonce), and secrecy
+(the bytes are not encrypted). The sync codec serves the SGLang side (threads on
+plain sockets), the asyncio codec the router; both check the same things.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import hashlib
+import hmac
+import os
 import socket
 import struct
 
+from protocol.env import Env
+
 MAGIC = b"PDKV"
 VERSION = 1
-HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, reserved, room, body length
+HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, flags, room, body length
 MAX_BODY = 1 << 30  # no frame is larger, whatever its type
+TAGGED = 1  # flags: an authentication tag follows the body
+TAG_BYTES = 16
 
 
 class MsgType(enum.IntEnum):
@@ -55,16 +68,57 @@ class ProtocolError(ConnectionError):
     """The peer sent something that is not a valid frame."""
 
 
+def _key_from_env() -> bytes | None:
+    text = os.environ.get(Env.FRAME_KEY, "")
+    try:
+        return bytes.fromhex(text) or None
+    except ValueError as exc:
+        raise SystemExit(f"{Env.FRAME_KEY} must be hex: {exc}") from None
+
+
+_key: bytes | None = _key_from_env()  # read once: each process has one deployment
+
+
+def set_frame_key(key: bytes | None) -> None:
+    """Use ``key`` (None: no authentication) for the frames this process sends and
+    accepts; the servers and router get it from ``Env.FRAME_KEY`` instead."""
+    global _key
+    _key = key or None
+
+
+def new_frame_key() -> str:
+    """A fresh per-deployment key, hex, for ``Env.FRAME_KEY``."""
+    return os.urandom(32).hex()
+
+
+def _mac(head: bytes, parts) -> bytes:
+    mac = hmac.new(_key, head, hashlib.sha256)
+    for part in parts:
+        mac.update(part)
+    return mac.digest()[:TAG_BYTES]
+
+
+def tag(head: bytes, *parts) -> bytes:
+    """The tag that follows a frame's body under this process's key (b"" without one)."""
+    return _mac(head, parts) if _key else b""
+
+
+def _check_tag(head: bytes, body, tag: bytes) -> None:
+    if not hmac.compare_digest(_mac(head, (body,)), bytes(tag)):
+        raise ProtocolError("frame failed authentication: the peer has another frame key")
+
+
 def header(kind: MsgType, room: int, length: int) -> bytes:
-    return HEADER.pack(MAGIC, VERSION, kind, 0, room, length)
+    return HEADER.pack(MAGIC, VERSION, kind, TAGGED if _key else 0, room, length)
 
 
 def parse_header(
     data: bytes | bytearray, limits: dict[MsgType, int] | None = None
 ) -> tuple[MsgType, int, int]:
-    """(type, room, body length) of a frame header; ProtocolError if it is not one, or
-    if its body would exceed its type's limit (``limits`` overrides ``BODY_LIMITS``)."""
-    magic, version, kind, _, room, length = HEADER.unpack(data)
+    """(type, room, body length) of a frame header; ProtocolError if it is not one, if
+    its body would exceed its type's limit (``limits`` overrides ``BODY_LIMITS``), or
+    if it is untagged where this side requires tags (or the reverse)."""
+    magic, version, kind, flags, room, length = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {magic!r}: not a pdd-testbed KV transfer peer")
     if version != VERSION:
@@ -76,11 +130,16 @@ def parse_header(
     cap = min(MAX_BODY, (limits or {}).get(kind, BODY_LIMITS[kind]))
     if length > cap:
         raise ProtocolError(f"{kind.name} frame of {length} bytes exceeds its {cap}-byte limit")
+    if _key and not flags & TAGGED:
+        raise ProtocolError(f"unauthenticated {kind.name} frame: the peer has no frame key")
+    if flags & TAGGED and not _key:
+        raise ProtocolError(f"authenticated {kind.name} frame, but this side has no frame key")
     return kind, room, length
 
 
 def frame_size(body_bytes: int) -> int:
-    return HEADER.size + body_bytes
+    """Bytes on the wire for a frame with this body (header, body, tag if any)."""
+    return HEADER.size + body_bytes + (TAG_BYTES if _key else 0)
 
 
 # -- sync (sockets, threads) -----------------------------------------------------------
@@ -89,9 +148,12 @@ def frame_size(body_bytes: int) -> int:
 def send_frame(sock: socket.socket, kind: MsgType, room: int, *parts) -> int:
     """Send one frame (header + parts, which may be large buffers); returns bytes sent."""
     length = sum(memoryview(p).nbytes for p in parts)
-    sock.sendall(header(kind, room, length))
+    head = header(kind, room, length)
+    sock.sendall(head)
     for part in parts:
         sock.sendall(part)
+    if _key:
+        sock.sendall(tag(head, *parts))
     return frame_size(length)
 
 
@@ -111,10 +173,14 @@ def recv_frame(
     sock: socket.socket, on_header=None, limits: dict[MsgType, int] | None = None
 ) -> tuple[MsgType, int, bytearray]:
     """Read one frame; ``on_header(kind)`` runs once the header is in, before the body."""
-    kind, room, length = parse_header(recv_exact(sock, HEADER.size), limits)
+    head = bytes(recv_exact(sock, HEADER.size))
+    kind, room, length = parse_header(head, limits)
     if on_header is not None:
         on_header(kind)
-    return kind, room, recv_exact(sock, length)
+    body = recv_exact(sock, length)
+    if _key:
+        _check_tag(head, body, recv_exact(sock, TAG_BYTES))
+    return kind, room, body
 
 
 def configure_socket(sock: socket.socket, idle_timeout: float) -> None:
@@ -133,11 +199,16 @@ def configure_socket(sock: socket.socket, idle_timeout: float) -> None:
 
 async def write_frame(writer: asyncio.StreamWriter, kind: MsgType, room: int, body: bytes) -> int:
     """Send one frame and wait until it is handed to the kernel; returns bytes sent."""
-    writer.write(header(kind, room, len(body)) + body)
+    head = header(kind, room, len(body))
+    writer.write(head + body + tag(head, body))
     await writer.drain()
     return frame_size(len(body))
 
 
 async def read_frame(reader: asyncio.StreamReader) -> tuple[MsgType, int, bytes]:
-    kind, room, length = parse_header(await reader.readexactly(HEADER.size))
-    return kind, room, await reader.readexactly(length)
+    head = await reader.readexactly(HEADER.size)
+    kind, room, length = parse_header(head)
+    body = await reader.readexactly(length)
+    if _key:
+        _check_tag(head, body, await reader.readexactly(TAG_BYTES))
+    return kind, room, body

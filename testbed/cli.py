@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from protocol.env import Env
+from protocol.frames import new_frame_key
 from testbed import model as model_mod
 from testbed.net_cli import net_app
 from testbed.run_dirs import new_run_dir
@@ -86,6 +88,28 @@ def resolve_model(model: Path | None) -> Path:
     return model
 
 
+def read_frame_key(path: Path) -> str:
+    """A frame key file's hex key; a clear error if it is not one."""
+    try:
+        text = path.read_text().strip()
+        if len(bytes.fromhex(text)) < 16:
+            raise ValueError("shorter than 16 bytes")
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"{path}: not a frame key ({exc})") from None
+    return text
+
+
+@app.command()
+def key(out: Path = typer.Argument(..., help="File to write the new key to (mode 600).")) -> None:
+    """Write a fresh frame key for a deployment whose servers run elsewhere: hand the
+    file to every `testbed serve --frame-key-file` and to the harness."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(new_frame_key() + "\n")
+    typer.echo(f"frame key written to {out}")
+
+
 @app.command()
 def serve(
     role: str = typer.Option("colocated", help=f"Server role: {', '.join(ROLES)}."),
@@ -105,6 +129,11 @@ def serve(
         None, help="Where the server logs each KV transfer and handoff (JSON lines)."
     ),
     kv_idle_timeout: float = typer.Option(30.0, help="A stalled KV transfer fails after this."),
+    frame_key_file: Path = typer.Option(
+        None,
+        help="The deployment's frame key (hex, as `testbed key` writes it): KV and handoff "
+        "frames are then authenticated; every server and the router need the same one.",
+    ),
 ) -> None:
     """Launch one SGLang server for ROLE, wait until healthy, serve until Ctrl-C/SIGTERM.
     With the ports and the transfer log, a host of a deployment the testbed does not
@@ -117,6 +146,8 @@ def serve(
         env.append((Env.KV_TRANSFER_LOG, str(transfer_log.resolve())))
     if handoff_port is not None:
         env.append((Env.HANDOFF_PORT, str(handoff_port)))
+    if frame_key_file is not None:
+        env.append((Env.FRAME_KEY, read_frame_key(frame_key_file)))
     spec = ServerSpec(
         model_path=resolve_model(model),
         role=role,
@@ -364,6 +395,52 @@ def bench_handoff(
         handoff.run(sc, out, console, trials, tokens, prompt_tokens)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
+
+
+@app.command("bench-faults")
+def bench_faults(
+    scenario: str = typer.Argument("faults", help="Scenario file or name in scenarios/."),
+    streams: int = typer.Option(3, min=1, help="Concurrent greedy streams during each fault."),
+    out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
+    overrides: list[str] = SET,
+) -> None:
+    """The fault matrix: WAN cut, loss burst, rate dip, kill -9 of each server, aborted
+    upstream connections, on every system of the scenario; exit 1 if a target is missed."""
+    from testbed.bench import faults
+    from testbed.net_cli import fail
+    from testbed.scenario import Scenario, ScenarioError
+    from topologies.netns import NetworkError
+
+    try:
+        sc = Scenario.load(scenario, overrides or ())
+        rows = faults.run(sc, out, console, faults.FaultsConfig(streams=streams))
+    except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
+        raise fail(exc) from exc
+    if not all(r["meets_targets"] for r in rows):
+        raise typer.Exit(1)
+
+
+@app.command()
+def soak(
+    scenario: str = typer.Argument("soak", help="Scenario file or name in scenarios/."),
+    warmup: float = typer.Option(300.0, help="Seconds before memory growth is counted."),
+    out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
+    overrides: list[str] = SET,
+) -> None:
+    """A long run on a lossy WAN: failed requests and every process's RSS growth after
+    warm-up (targets: none failed, growth ≤ 5%); exit 1 if a target is missed."""
+    from testbed.bench import soak as soak_mod
+    from testbed.net_cli import fail
+    from testbed.scenario import Scenario, ScenarioError
+    from topologies.netns import NetworkError
+
+    try:
+        sc = Scenario.load(scenario, overrides or ())
+        result = soak_mod.run(sc, out, console, warmup)
+    except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
+        raise fail(exc) from exc
+    if not all(r["meets_targets"] for r in result["systems"].values()):
+        raise typer.Exit(1)
 
 
 @app.command()

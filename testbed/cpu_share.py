@@ -1,6 +1,7 @@
-"""How much CPU each process of a deployment used: the testbed's own processes (link
-emulators, router, Locust) beside the servers, so a reader can see whether they ate
-into a server's core. Read from /proc (psutil) just before the deployment stops."""
+"""How much CPU and memory each process of a deployment uses: the testbed's own
+processes (link emulators, router, Locust) beside the servers, so a reader can see
+whether they ate into a server's core (read from /proc with psutil just before the
+deployment stops), and how their memory grows over a soak."""
 
 from __future__ import annotations
 
@@ -35,6 +36,22 @@ def processes(net) -> list[dict]:
                 continue
     for r in rows:
         r["share"] = r["cpu_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0
+    return rows
+
+
+def memory(net) -> list[dict]:
+    """Every process in the network's namespaces: host, pid, what it is, its RSS."""
+    rows = []
+    for host in net.hosts + _gateways(net):
+        for pid in pids_in(net.ns(host)):
+            try:
+                p = psutil.Process(pid)
+                with p.oneshot():
+                    rss = p.memory_info().rss
+                    what = describe(p.cmdline())
+                rows.append({"host": host, "pid": pid, "process": what, "rss": rss})
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
     return rows
 
 

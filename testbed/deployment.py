@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from protocol.env import Env
+from protocol.frames import new_frame_key, set_frame_key
 from protocol.names import Role
 from testbed import cpu_share
 from testbed.dilation import for_testbed, pacing_env, record
@@ -69,6 +70,8 @@ class Deployment:
         self.servers: list[RunningServer] = []
         self.router: HostProcess | None = None
         self.router_host: str | None = None
+        # Handed to the servers and the router only (never written to the run directory)
+        self.frame_key = new_frame_key() if scenario.servers.frame_auth else ""
 
     @property
     def router_url(self) -> str:
@@ -93,6 +96,8 @@ class Deployment:
         except BaseException:
             self._unpin_testbed()
             raise
+        # This process speaks frames too (bench-handoff's trials, the tests): same key.
+        set_frame_key(bytes.fromhex(self.frame_key) or None)
         try:
             model = self.scenario.model.resolve()
             self._start_servers(model)
@@ -186,7 +191,9 @@ class Deployment:
                     decode_radix_cache=cfg.decode_radix_cache,
                     extra_args=tuple(cfg.extra_args),
                     cpus=self._server_cpus(role),
-                    extra_env=server_env(cfg, self.transfer_log(name), self._handoff_port(role))
+                    extra_env=server_env(
+                        cfg, self.transfer_log(name), self._handoff_port(role), self.frame_key
+                    )
                     + pacing_env(self.scenario, self.net.site(host), str(self.pacing_log(name))),
                 )
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
@@ -275,6 +282,7 @@ class Deployment:
             self.router_host,
             [sys.executable, "-m", "testbed.router", str(path)],
             self.run_dir / "router.log",
+            env={**os.environ, Env.FRAME_KEY: self.frame_key},
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -325,11 +333,13 @@ class Deployment:
         (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
 
 
-def server_env(cfg, transfer_log: Path, handoff_port: int | None = None):
+def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_key: str = ""):
     env = [
         (Env.KV_TRANSFER_LOG, str(transfer_log)),
         (Env.KV_IDLE_TIMEOUT_S, str(cfg.kv_idle_timeout_s)),
     ]
+    if frame_key:
+        env.append((Env.FRAME_KEY, frame_key))
     if handoff_port is not None:
         env.append((Env.HANDOFF_PORT, str(handoff_port)))
     if cfg.threads:

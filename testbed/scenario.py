@@ -61,6 +61,11 @@ class ServersSpec(BaseModel):
         0.2, gt=0, le=1, description="Memory budget share; the pool is still max_total_tokens."
     )
     decode_radix_cache: bool = Field(True, description="Decode-side prefix cache (DRC).")
+    frame_auth: bool = Field(
+        True,
+        description="Authenticate every KV and handoff frame (HMAC-SHA256 under a fresh "
+        "key per deployment); off only to measure what authentication costs.",
+    )
     kv_idle_timeout_s: float = Field(
         30.0, gt=0, description="A stalled KV transfer fails after this."
     )

@@ -181,6 +181,14 @@ class HandoffService:
         start = time.monotonic()
         started_at = time.time()
         req = parked.req
+        limit = req.sampling_params.max_new_tokens
+        if limit is not None and len(req.output_ids) + len(msg.tokens) > limit:
+            # Tokens MD already has, sent twice, would run the request past its end
+            # and leave SGLang's release bookkeeping inconsistent: refuse them.
+            raise ProtocolError(
+                f"a handoff of {len(msg.tokens)} tokens to a request holding "
+                f"{len(req.output_ids)} would pass its {limit}-token limit"
+            )
         through_last = msg.final and predicts_safely(req, len(msg.tokens))
         next_token, extended = extend_parked(self.scheduler, req, list(msg.tokens), through_last)
         forward_s = time.monotonic() - start

@@ -25,7 +25,14 @@ from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVPoll
 
 from engine_patches.kv_transfer.manager import TcpKVManager
 from engine_patches.kv_transfer.sender import KVTransferError
-from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
+from protocol.frames import (
+    MsgType,
+    ProtocolError,
+    configure_socket,
+    frame_size,
+    recv_frame,
+    send_frame,
+)
 from protocol.kv import Done, KvChunkHeader, TransferRequest, crc32, max_chunk_body
 from protocol.records import TransferRecord
 
@@ -191,7 +198,7 @@ class TcpKVReceiver(BaseKVReceiver):
         while True:
             kind, _, body = recv_frame(sock, on_header=mark_first_byte, limits=limits)
             sock.settimeout(timeouts.idle)
-            record.wire_bytes += 20 + len(body)
+            record.wire_bytes += frame_size(len(body))
             view = memoryview(body)
             if kind == MsgType.KV_CHUNK:
                 if len(view) < KvChunkHeader.size:

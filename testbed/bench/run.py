@@ -12,6 +12,7 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -68,10 +69,13 @@ def run_system(
     run_dir: Path,
     console: Console,
     ui_port: int | None = None,
+    on_tick: Callable[[Deployment], None] | None = None,
 ) -> None:
+    """One system's run in ``run_dir/system``; ``on_tick(deployment)`` is called about
+    once a second during the load (the soak samples memory there)."""
     out = run_dir / system
     try:
-        _run_system(scenario, system, trace, out, console, ui_port)
+        _run_system(scenario, system, trace, out, console, ui_port, on_tick)
     except BaseException as exc:  # failed or interrupted: never passed off as complete
         out.mkdir(parents=True, exist_ok=True)
         (out / INCOMPLETE).write_text(f"{type(exc).__name__}: {exc}\n")
@@ -85,6 +89,7 @@ def _run_system(
     out: Path,
     console: Console,
     ui_port: int | None = None,
+    on_tick: Callable[[Deployment], None] | None = None,
 ) -> None:
     with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
         deployment = Deployment(scenario, system, out, NET_NAME).up()
@@ -116,6 +121,8 @@ def _run_system(
                     if problems := deployment.problems() + schedule.errors:
                         raise DeploymentDied(f"{system}: " + "; ".join(problems))
                     progress.update()
+                    if on_tick is not None:
+                        on_tick(deployment)
                     time.sleep(1.0)
         finally:
             schedule.stop()

@@ -82,6 +82,8 @@ class RelayedRequest:
         self.path = upstream_path(request)
         self.out = ClientStream(request, bool(body.get("stream")), record)
         self.tokens: list[int] = []  # every token the client got, in order
+        self.handed = 0  # eager tokens sent to MD in handoff batches (t1 came with the KV)
+        self.inflight: asyncio.Task | None = None  # the catch-up batch MD is extending
         self.pinned_at = int(request.headers.get(headers.HANDOFF_AT, 0)) or None
         self.pinned_mode = pinned_mode(request.headers.get(headers.HANDOFF_MODE))
         prefill = route.prefill  # record.room: a dual-path room, made by the router
@@ -159,8 +161,7 @@ class RelayedRequest:
         """Stream relay decode's tokens to the client, handing off as ``decide`` says.
         Returns the handoff's mode once MD took over, None if relay decode finished."""
         record, tokens = self.record, self.tokens
-        handed, batches, mode = 0, 0, None
-        inflight: asyncio.Task | None = None  # the catch-up batch MD is extending
+        batches, mode = 0, None
         limit = max_new_tokens(self.body)
         rld_stream = chunks(rld, self.prefill)
         try:
@@ -175,7 +176,7 @@ class RelayedRequest:
                     p = self.prefill
                     if p.done() and not p.cancelled() and p.exception() is not None:
                         raise  # the prefill failed: MD cannot hold the KV either
-                    handed, batches = await self._take_over(exc, handed, batches, inflight)
+                    batches = await self._take_over(exc, batches)
                     return mode or HandoffMode.ONE_SHOT
                 new = chunk.new_ids(len(tokens))
                 tokens += new
@@ -184,16 +185,15 @@ class RelayedRequest:
                     return None
                 if record.fallback:
                     continue  # MD failed mid catch-up: relay decode goes on to the end
-                if inflight is not None and inflight.done():
-                    if not await self._extended(inflight):
-                        continue
-                    inflight = None
+                batch_done = self.inflight is not None and self.inflight.done()
+                if batch_done and not await self._extended():
+                    continue
                 state = HandoffState(
                     eager=len(tokens),
-                    handed=handed,
+                    handed=self.handed,
                     remaining=limit - len(tokens),
                     md_holds_kv=self.md_holds_kv,
-                    batch_in_flight=inflight is not None,
+                    batch_in_flight=self.inflight is not None,
                     rld_load=self.p.loads.in_flight[self.route.stream_from.name],
                     md_load=self.p.loads.in_flight[self.route.main_decode.name],
                     mode=mode,
@@ -204,12 +204,11 @@ class RelayedRequest:
                 mode = decision.mode
                 if decision.action is Action.WAIT:
                     continue
-                if inflight is not None:  # a pinned handoff overtakes a batch: wait for it
-                    if not await self._extended(inflight):
-                        continue
-                    inflight = None
-                batch = tokens[1 + handed : 1 + handed + decision.tokens]
-                handed += len(batch)
+                # a pinned handoff overtakes a catch-up batch: it waits for the batch
+                if self.inflight is not None and not await self._extended():
+                    continue
+                batch = tokens[1 + self.handed : 1 + self.handed + decision.tokens]
+                self.handed += len(batch)
                 batches += 1
                 sent = time.time()
                 final = decision.action is Action.FINAL
@@ -217,36 +216,39 @@ class RelayedRequest:
                 if final:
                     record.handoff_sent = sent
                     return mode
-                inflight = asyncio.create_task(self.channel.extended())
+                self.inflight = asyncio.create_task(self.channel.extended())
         finally:
             record.eager_tokens = len(tokens)
-            record.handoff_tokens, record.handoff_batches = handed, batches
+            record.handoff_tokens, record.handoff_batches = self.handed, batches
 
-    async def _take_over(self, exc, handed: int, batches: int, inflight) -> tuple[int, int]:
+    async def _take_over(self, exc, batches: int) -> int:
         """Relay decode died mid-stream. If MD holds the KV (and no handoff failed),
         MD takes over: every eager token it lacks in one final handoff, and the client's
         stream goes on from MD. Else the request fails with relay decode's error."""
         why = f"relay decode died: {exc}"[:300]
         if not self.md_holds_kv or self.record.fallback or not self.tokens:
             raise UpstreamError(why) from exc
-        if inflight is not None and not await self._extended(inflight):
+        if self.inflight is not None and not await self._extended():
             raise UpstreamError(f"{why}; {self.record.fallback}") from exc
-        batch = self.tokens[1 + handed :]
+        batch = self.tokens[1 + self.handed :]
         self.record.handoff_bytes += await self.channel.handoff(batch, final=True)
         self.record.handoff_sent = time.time()
         self.record.fallback = f"{why}; main decode took over"
         self.relay_died = True
-        return handed + len(batch), batches + 1
+        self.handed += len(batch)
+        return batches + 1
 
-    async def _extended(self, inflight: asyncio.Task) -> bool:
-        """Whether MD extended the last catch-up batch; if it failed, relay decode
+    async def _extended(self) -> bool:
+        """Whether MD extended the catch-up batch in flight; if it failed, relay decode
         finishes the request (the record says why)."""
         try:
-            await inflight
+            await self.inflight
             return True
         except (OSError, asyncio.IncompleteReadError, HandoffError) as exc:
             self.record.fallback = f"catch-up handoff failed: {exc!r}"[:300]
             return False
+        finally:
+            self.inflight = None
 
     async def _ended_on_relay(self) -> bool:
         """Relay decode finished the request. Records why MD did not take it, ends the
@@ -345,7 +347,10 @@ class RelayedRequest:
                     raise TimeoutError(f"main decode did not hold the KV within {timeout:.0f} s")
                 await asyncio.wait({self.ready}, timeout=0.25)
             self.ready.result()
-            await self.channel.handoff(tokens[1:-1], final=True)
+            if self.inflight is not None:  # a catch-up batch MD is still extending
+                await self.inflight
+            # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed).
+            await self.channel.handoff(tokens[1 + self.handed : -1], final=True)
             md = await asyncio.wait_for(asyncio.shield(self.md), max(deadline - loop.time(), 1))
             ids: list[int] = []
             async for chunk in chunks(md):

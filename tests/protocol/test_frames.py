@@ -13,12 +13,16 @@ from protocol.frames import (
     HEADER,
     MAGIC,
     MAX_BODY,
+    TAG_BYTES,
     MsgType,
     ProtocolError,
+    frame_size,
     header,
     read_frame,
     recv_frame,
     send_frame,
+    set_frame_key,
+    tag,
     write_frame,
 )
 from protocol.handoff import Extended, Handoff, Ready
@@ -85,3 +89,72 @@ def test_extended_round_trips_and_header_is_twenty_bytes():
     ext = Extended(63, 62, 1234, 0.25, True)
     assert Extended.decode(ext.encode()) == ext
     assert len(header(MsgType.EXTENDED, 1, 0)) == HEADER.size == 20
+
+
+@pytest.fixture
+def keyed():
+    """This process holds a deployment's frame key for the test, none afterwards."""
+    set_frame_key(bytes(range(32)))
+    yield
+    set_frame_key(None)
+
+
+def _pair():
+    a, b = socket.socketpair()
+    a.settimeout(5)
+    b.settimeout(5)
+    return a, b
+
+
+def test_with_a_key_every_frame_carries_a_tag_that_verifies_both_codecs(keyed):
+    a, b = _pair()
+    payload = memoryview(bytes(range(256)) * 64)
+    sent = send_frame(a, MsgType.KV_CHUNK, 9, b"head", payload)
+    assert sent == HEADER.size + 4 + payload.nbytes + TAG_BYTES == frame_size(4 + payload.nbytes)
+    kind, room, body = recv_frame(b)
+    assert (kind, room, bytes(body)) == (MsgType.KV_CHUNK, 9, b"head" + bytes(payload))
+
+    async def roundtrip():
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        await write_frame(writer, MsgType.WATCH, 5, b"")
+        got = await read_frame(reader)
+        writer.close()
+        server.close()
+        return got
+
+    async def echo(reader, writer):
+        kind, room, body = await read_frame(reader)
+        await write_frame(writer, MsgType.READY, room, Ready(3, 1).encode())
+        writer.close()
+
+    assert asyncio.run(roundtrip())[:2] == (MsgType.READY, 5)
+
+
+def test_a_tampered_body_a_forged_tag_or_a_missing_tag_is_refused(keyed):
+    a, b = _pair()
+    good = header(MsgType.HANDOFF, 1, 5) + b"\x01abcd"
+    a.sendall(good + bytes(TAG_BYTES))  # a tag not made with the key
+    with pytest.raises(ProtocolError, match="failed authentication"):
+        recv_frame(b)
+    a, b = _pair()
+    head = header(MsgType.HANDOFF, 1, 5)
+    a.sendall(head + b"\x01abce" + tag(head, b"\x01abcd"))  # one byte changed in flight
+    with pytest.raises(ProtocolError, match="failed authentication"):
+        recv_frame(b)
+    a, b = _pair()
+    a.sendall(HEADER.pack(MAGIC, 1, MsgType.WATCH, 0, 1, 0))  # from a peer without the key
+    with pytest.raises(ProtocolError, match="no frame key"):
+        recv_frame(b)
+
+
+def test_a_keyless_side_refuses_tagged_frames_rather_than_misreading_them():
+    set_frame_key(bytes(32))
+    head = header(MsgType.WATCH, 1, 0)
+    raw = head + tag(head, b"")
+    set_frame_key(None)
+    a, b = _pair()
+    a.sendall(raw)
+    with pytest.raises(ProtocolError, match="this side has no frame key"):
+        recv_frame(b)

@@ -7,14 +7,29 @@ import contextlib
 import socket
 import time
 
-from protocol.frames import HEADER, MAGIC, VERSION
+from protocol import frames
+from protocol.frames import HEADER, MAGIC, TAGGED, VERSION
 from protocol.kv import KvChunkHeader, crc32
 
 
 def frame(kind: int, room: int, body: bytes, length: int | None = None) -> bytes:
-    """A frame header (a ``length`` that may lie about the body) and the body."""
+    """A frame header (a ``length`` that may lie about the body), the body, and the tag
+    under this process's frame key (the deployment's): a peer that holds the key."""
     n = len(body) if length is None else length
-    return HEADER.pack(MAGIC, VERSION, kind, 0, room, n) + body
+    flags = TAGGED if frames.tag(b"") else 0
+    head = HEADER.pack(MAGIC, VERSION, kind, flags, room, n)
+    return head + body + frames.tag(head, body)
+
+
+def untagged(kind: int, room: int, body: bytes) -> bytes:
+    """A well-formed frame from a peer without the key: no tag."""
+    return HEADER.pack(MAGIC, VERSION, kind, 0, room, len(body)) + body
+
+
+def forged(kind: int, room: int, body: bytes) -> bytes:
+    """A frame that claims a tag it cannot make (another key's, or none at all)."""
+    head = HEADER.pack(MAGIC, VERSION, kind, TAGGED, room, len(body))
+    return head + body + bytes(frames.TAG_BYTES)
 
 
 def chunk(first: int, count: int, payload: bytes, crc: int | None = None) -> bytes:

@@ -20,7 +20,7 @@ from protocol.records import read_records
 from testbed.deployment import Deployment
 from testbed.scenario import Scenario, ServersSpec
 from tests.conftest import reference_output
-from tests.testbed.hostile_frames import assert_closed_soon, chunk, frame
+from tests.testbed.hostile_frames import assert_closed_soon, chunk, forged, frame, untagged
 from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
 from workloads.client import generate_payload
@@ -293,6 +293,8 @@ BAD_PREFILL_REPLIES = {
     "an ack from prefill": lambda room: frame(5, room, b""),
     "prefill reports a failure": lambda room: frame(6, room, b"out of cheese"),
     "cut mid-frame": lambda room: frame(2, room, b"", length=PAGE + 12)[:30],
+    "a peer without the frame key": lambda room: untagged(2, room, chunk(0, 1, b"\x04" * PAGE)),
+    "a forged tag": lambda room: forged(2, room, chunk(0, 1, b"\x05" * PAGE)),
 }
 
 
@@ -355,6 +357,8 @@ def test_malformed_frames_to_the_prefill_listener_are_refused_and_it_serves_on(p
         frame(1, 3, b"\x00" * 5),  # a transfer request too short to decode
         frame(1, 4, b"\x00" * 20),  # one with the wrong KV layout
         frame(99, 5, b""),
+        untagged(1, 6, b"\x00" * 20),  # well formed, from a peer without the frame key
+        forged(1, 7, b"\x00" * 20),
     ]
     for raw in hostile:
         assert_closed_soon(address, raw)

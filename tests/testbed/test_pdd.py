@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from protocol import headers
+from protocol.frames import frame_size
 from protocol.handoff import Handoff
 from protocol.names import Pipeline, Role
 from protocol.records import (
@@ -115,8 +116,8 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     assert rec.handoff_s is not None  # the client-visible gap at the switch is recorded
     batches = handoff_log(pdd)[before:]
     assert len(batches) == rec.handoff_batches and batches[-1].final
-    for b in batches:  # ≤ 4 bytes per token + a fixed header, one forward per batch
-        assert b.frame_bytes == Handoff.wire_bytes(b.tokens) <= 4 * b.tokens + 21
+    for b in batches:  # 4 bytes per token + a fixed part (header, flag, tag), one forward each
+        assert b.frame_bytes == Handoff.wire_bytes(b.tokens) == 4 * b.tokens + frame_size(1)
     for b in batches[:-1]:  # catch-up: the last token stays pending, and is predicted
         assert b.extend_tokens == b.tokens and b.next_token == b.expected_next
     # The final forward takes in the pending token too and predicts MD's first own one
@@ -224,6 +225,32 @@ def test_when_relay_decode_finishes_first_main_decode_still_caches_the_exchange(
     assert rec.pipeline == "P->MD" and rec.cached_tokens_decode >= len(prompt) + len(first) - 1
 
 
+def test_relay_decode_finishing_after_catch_up_batches_settles_only_the_rest(pdd, colocated):
+    """Catch-up batches went to MD, then relay decode finished first: the settle hands
+    MD only the tokens it lacks (resending them crashed MD's scheduler), and MD caches
+    the whole exchange for the next turn."""
+    rng = random.Random(33)
+    prompt = [rng.randrange(10, 4000) for _ in range(300)]  # MD holds its KV in ~0.3 s
+    never = {headers.HANDOFF_AT: "100000", headers.HANDOFF_MODE: "catch-up"}
+    first = stream(pdd, prompt, 80, "catch-then-settle", pins=never)
+    assert first == reference_output(colocated, prompt, 80)
+    rec = record_of(pdd, "catch-then-settle")
+    assert rec.handoff_mode == "none" and rec.handoff_tokens > 0  # batches, no final
+    deadline = time.monotonic() + 30
+    while not [h for h in handoff_log(pdd) if h.room == rec.room and h.final]:
+        assert time.monotonic() < deadline, "main decode never took the exchange"
+        time.sleep(0.5)
+    sent = [h for h in handoff_log(pdd) if h.room == rec.room]
+    assert sum(h.tokens for h in sent) == len(first) - 2  # t2..t(n-1), each once
+    time.sleep(1.0)  # MD decodes the last token; the router learns MD caches it all
+    follow = prompt + first + [rng.randrange(10, 4000) for _ in range(30)]
+    got = stream(pdd, follow, 8, "catch-then-settle", turn=1)
+    assert got == reference_output(colocated, follow, 8)
+    rec = record_of(pdd, "catch-then-settle", turn=1)
+    assert rec.pipeline == "P->MD" and rec.cached_tokens_decode >= len(prompt) + len(first) - 1
+    assert not pdd.problems()
+
+
 def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     rng = random.Random(9)
     prompt = [rng.randrange(10, 4000) for _ in range(3000)]  # 24 MB of KV: ~2 s on the WAN
@@ -262,7 +289,7 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
 def test_malformed_frames_to_the_handoff_listener_close_the_connection(pdd, colocated):
     """A peer that is not the router, or a router gone wrong: each malformed frame ends
     its connection at once, and main decode goes on serving handoffs."""
-    from tests.testbed.hostile_frames import assert_closed_soon, frame
+    from tests.testbed.hostile_frames import assert_closed_soon, forged, frame, untagged
 
     (md,) = [s for s in pdd.servers if s.role == Role.MAIN_DECODE]
     address = (md.spec.host, pdd.scenario.pdd.handoff_port)
@@ -273,6 +300,8 @@ def test_malformed_frames_to_the_handoff_listener_close_the_connection(pdd, colo
         frame(9, 3, b"\x01\x02\x03"),  # a handoff body that does not decode
         frame(7, 4, b"\x00" * 4096),  # a watch with a body no watch has
         frame(99, 5, b""),
+        untagged(7, 6, b""),  # a watch from a peer without the frame key
+        forged(11, 7, b"released"),  # a release with a tag it could not make
     ]
     for raw in hostile:
         assert_closed_soon(address, raw)
