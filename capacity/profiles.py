@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from capacity.roofline import Chip, TargetModel
 
-PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILE_DIR = Path(__file__).resolve().parent / "data"  # package data; profiles/ links here
 
 
 class DeviceProfile(BaseModel):

@@ -25,7 +25,10 @@ from testbed.dilation import EmulationSpec
 from testbed.router.config import PddConfig
 from topologies.spec import NetworkSpec
 
-SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+# Shipped as package data (the checkout's scenarios/ links here); a relative trace path
+# in a scenario is read from the project's root, the checkout's top directory.
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CPU_ROLES = (*Role, "testbed")  # "testbed": the router, link emulators and Locust
 
 
@@ -335,7 +338,7 @@ class Scenario(BaseModel):
         workload = data.get("workload")
         if isinstance(workload, dict) and isinstance(workload.get("trace"), str):
             trace = Path(workload["trace"])  # relative: to the project's root
-            workload["trace"] = str(trace if trace.is_absolute() else SCENARIO_DIR.parent / trace)
+            workload["trace"] = str(trace if trace.is_absolute() else PROJECT_ROOT / trace)
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
