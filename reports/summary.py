@@ -18,6 +18,8 @@ and ``summary.csv`` holds the same rows, one per system, a column per field (the
 - ``sla_attainment`` (share of requests meeting the scenario's SLA),
   ``sla_goodput_rps`` (requests meeting it per second), ``cost_per_hour``, ``bcr``;
 - ``wan_kv_bytes`` (KV bytes that crossed the WAN, from the records).
+
+The JSON Schema is ``reports/summary.schema.json`` (from :class:`Summary`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from protocol.metrics import percentile
 from protocol.records import write_atomic
@@ -36,6 +39,52 @@ from reports.tables import goodput_bcr
 
 SCHEMA_VERSION = 1
 METRICS = ("ttft", "itl", "tpot", "e2e")
+SCHEMA_FILE = Path(__file__).resolve().parent / "summary.schema.json"  # Summary's schema
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    system: str
+    requests: int = Field(ge=0)
+    ok: int = Field(ge=0)
+    errors: dict[str, int]
+    span_s: float = Field(ge=0)
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    sla_attainment: float | None
+    sla_goodput_rps: float | None
+    cost_per_hour: float | None
+    bcr: float | None
+    wan_kv_bytes: int = Field(ge=0)
+
+
+# One row per system: the fields above and <metric>_<stat>_s for every metric and stat.
+SummaryRow = create_model(
+    "SummaryRow",
+    __base__=_Row,
+    **{
+        f"{m}_{stat}_s": (float | None, ...)
+        for m in METRICS
+        for stat in ("mean", "std", "p50", "p90", "p99")
+    },
+)
+
+
+class Summary(BaseModel):
+    """``summary.json``, version 1 (``summary.schema.json`` is this model's schema)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    run_dir: str
+    scenario: str | None
+    git_commit: str | None
+    systems: list[SummaryRow]
+
+
+def json_schema() -> dict:
+    return Summary.model_json_schema()
 
 
 def rows(run: RunData) -> list[dict]:
@@ -104,6 +153,7 @@ def write(run: RunData) -> tuple[Path, Path]:
         "systems": data,
     }
     json_path, csv_path = Path(run.path) / "summary.json", Path(run.path) / "summary.csv"
+    Summary.model_validate(doc)  # the schema is a promise: never write what breaks it
     write_atomic(json_path, json.dumps(doc, indent=2))
     flat = [
         {**{k: v for k, v in row.items() if k != "errors"}}

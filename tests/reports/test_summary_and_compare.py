@@ -56,6 +56,36 @@ def test_summary_files_hold_every_system_with_percentiles_and_error_kinds(tmp_pa
     assert float(table["same_site_pd"]["ttft_p50_s"]) == pytest.approx(0.4)
 
 
+def test_summary_json_validates_against_its_schema_and_matches_the_html_tables(tmp_path):
+    import io
+
+    import jsonschema
+    import pandas as pd
+
+    from reports.render import write_report
+
+    # The shipped schema is the model's (regenerate: reports.summary.json_schema()).
+    shipped = json.loads(summary.SCHEMA_FILE.read_text())
+    assert shipped == summary.json_schema()
+    run = tmp_path / "run"
+    write_point(run, Scenario(name="s"), {"colocated": 0.2, "pdd": 0.35})
+    html = write_report(run).read_text()
+    doc = json.loads((run / "summary.json").read_text())
+    jsonschema.validate(doc, shipped)
+    with pytest.raises(jsonschema.ValidationError):  # the schema does say something
+        jsonschema.validate({**doc, "systems": [{"system": "x"}]}, shipped)
+    tables = pd.read_html(io.StringIO(html))
+    ttft = next(t for t in tables if "ttft_p50_s" in t.columns).set_index("system")
+    money = next(t for t in tables if "sla_goodput_rps" in t.columns).set_index("system")
+    for row in doc["systems"]:
+        name = row["system"]
+        assert ttft.loc[name, "requests"] == row["requests"]
+        for col in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s"):
+            assert float(ttft.loc[name, col]) == pytest.approx(row[col], rel=1e-3), col
+        for col in ("sla_goodput_rps", "bcr"):
+            assert float(money.loc[name, col]) == pytest.approx(row[col], rel=1e-3), col
+
+
 def test_compare_gives_each_runs_value_and_the_change(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     write_point(a, Scenario(name="s"), {"pdd": 0.2})
