@@ -343,29 +343,31 @@ def run_system(
     return rows
 
 
+COLUMNS = {  # summary key → short heading, so the table fits a terminal
+    "system": "system",
+    "fault": "fault",
+    "requests": "req",
+    "completed": "done",
+    "token_exact": "exact",
+    "tokens_lost": "lost",
+    "tokens_duplicated": "dup",
+    "failed": "failed",
+    "hangs": "hangs",
+    "slowest_error_s": "err s",
+    "recover_s": "recover s",
+    "meets_targets": "ok",
+}
+
+
 def table(rows: list[dict]) -> Table:
     t = Table(
-        title="fault matrix (targets: 0 hangs, 0 tokens lost or duplicated, "
-        f"errors within {ERROR_WITHIN_S:g} s, recovery within {RECOVER_WITHIN_S:g} s)"
+        title="fault matrix (targets: 0 hangs, 0 tokens lost or duplicated, errors "
+        f"within {ERROR_WITHIN_S:g} s, recovery within {RECOVER_WITHIN_S:g} s)"
     )
-    cols = (
-        "system",
-        "fault",
-        "requests",
-        "completed",
-        "token_exact",
-        "tokens_lost",
-        "tokens_duplicated",
-        "failed",
-        "hangs",
-        "slowest_error_s",
-        "recover_s",
-        "meets_targets",
-    )
-    for c in cols:
-        t.add_column(c.replace("_", " "))
+    for heading in COLUMNS.values():
+        t.add_column(heading, no_wrap=True)
     for r in rows:
-        t.add_row(*("-" if r[c] is None else str(r[c]) for c in cols))
+        t.add_row(*("-" if r[c] is None else str(r[c]) for c in COLUMNS))
     return t
 
 
