@@ -12,6 +12,8 @@ from enum import StrEnum
 class Env(StrEnum):
     PLUGIN = "PDD_TESTBED_PLUGIN"  # "1": the SGLang plugin patches this server process
     FRAME_KEY = "PDD_FRAME_KEY"  # hex: the deployment's key for KV and handoff frames
+    TLS_CERT = "PDD_TLS_CERT"  # servers.tls: the deployment's certificate (PEM path)
+    TLS_KEY = "PDD_TLS_KEY"  # and its key, for the listeners
     KV_TRANSFER_LOG = "PDD_KV_TRANSFER_LOG"  # one JSON line per transfer (and handoff)
     HANDOFF_PORT = "PDD_HANDOFF_PORT"  # main decode's handoff listener
     HANDOFF_PARK_TIMEOUT_S = "PDD_HANDOFF_PARK_TIMEOUT_S"  # a parked request gives up

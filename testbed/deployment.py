@@ -72,6 +72,7 @@ class Deployment:
         self.router_host: str | None = None
         # Handed to the servers and the router only (never written to the run directory)
         self.frame_key = new_frame_key() if scenario.servers.frame_auth else ""
+        self.tls_env: dict[str, str] = {}  # servers.tls: the certificate's paths, once made
 
     @property
     def router_url(self) -> str:
@@ -98,6 +99,11 @@ class Deployment:
             raise
         # This process speaks frames too (bench-handoff's trials, the tests): same key.
         set_frame_key(bytes.fromhex(self.frame_key) or None)
+        if self.scenario.servers.tls:
+            self.tls_env = make_certificate(self.run_dir / "tls")
+        for name in (Env.TLS_CERT, Env.TLS_KEY):  # and the same TLS setting
+            os.environ.pop(name, None)
+        os.environ.update(self.tls_env)
         try:
             model = self.scenario.model.resolve()
             self._start_servers(model)
@@ -109,6 +115,11 @@ class Deployment:
         return self
 
     def down(self) -> None:
+        if key := self.tls_env.get(Env.TLS_KEY):  # a dead deployment's key is kept nowhere
+            Path(key).unlink(missing_ok=True)
+        set_frame_key(None)  # nor its frame key, in this process
+        for name in self.tls_env:
+            os.environ.pop(name, None)
         self._write_cpu_shares()
         if self.router is not None:
             self.router.stop()
@@ -194,6 +205,7 @@ class Deployment:
                     extra_env=server_env(
                         cfg, self.transfer_log(name), self._handoff_port(role), self.frame_key
                     )
+                    + tuple(self.tls_env.items())
                     + pacing_env(self.scenario, self.net.site(host), str(self.pacing_log(name))),
                 )
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
@@ -282,7 +294,7 @@ class Deployment:
             self.router_host,
             [sys.executable, "-m", "testbed.router", str(path)],
             self.run_dir / "router.log",
-            env={**os.environ, Env.FRAME_KEY: self.frame_key},
+            env={**os.environ, Env.FRAME_KEY: self.frame_key, **self.tls_env},
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -331,6 +343,22 @@ class Deployment:
             "started": time.time(),
         }
         (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+
+
+def make_certificate(directory: Path) -> dict[str, str]:
+    """A self-signed certificate for one deployment (``servers.tls``): the environment
+    that hands it to servers and router. The key is readable by its owner only."""
+    directory.mkdir(parents=True, exist_ok=True)
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    argv = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
+    argv += ["-nodes", "-days", "7", "-subj", "/CN=pdd-testbed deployment"]
+    done = subprocess.run(
+        [*argv, "-keyout", str(key), "-out", str(cert)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise ServerError(f"servers.tls: openssl could not make a certificate: {done.stderr}")
+    key.chmod(0o600)
+    return {Env.TLS_CERT: str(cert), Env.TLS_KEY: str(key)}
 
 
 def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_key: str = ""):

@@ -69,6 +69,12 @@ class ServersSpec(BaseModel):
         description="Authenticate every KV and handoff frame (HMAC-SHA256 under a fresh "
         "key per deployment); off only to measure what authentication costs.",
     )
+    tls: bool = Field(
+        False,
+        description="TLS 1.3 on every KV and handoff connection (the WAN legs among them), "
+        "with a self-signed certificate made per deployment; make bench-transfer shows "
+        "its cost.",
+    )
     kv_idle_timeout_s: float = Field(
         30.0, gt=0, description="A stalled KV transfer fails after this."
     )

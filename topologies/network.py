@@ -41,6 +41,7 @@ from topologies.spec import NetworkSpec
 STATE_DIR = Path(os.environ.get("PDD_STATE_DIR", "/run/pdd-testbed"))
 HARNESS_HOST = 254  # the harness's address in site A: 10.77.1.254
 CUT_TABLE = "pddtb_cut"
+RULE_CHECK_S = 5.0  # how often problems() re-reads the links' rules
 
 
 class Network:
@@ -55,6 +56,8 @@ class Network:
         self.log_dir = log_dir or Path("runs") / f"net-{name}"
         self.applied: list[AppliedLink] = []
         self.backend_name: str | None = None
+        self._rules_checked, self._rules_missing = 0.0, []  # the watchdog's last look
+        self._loss_off: set[tuple[str, str]] = set()  # WAN ends whose loss is off for now
 
     # ---- lookup -------------------------------------------------------------------
     def ns(self, node: str) -> str:
@@ -160,14 +163,30 @@ class Network:
 
     # ---- changing the WAN while it runs -------------------------------------------
     def problems(self) -> list[str]:
-        """What no longer holds of the emulation: a link daemon (delayd) that died.
-        A benchmark over such a link measures something else, so callers stop."""
+        """What no longer holds of the emulation: a link daemon (delayd) that died, or
+        a rule of a link (rate limiter, delay hook, loss rule) that was removed (checked
+        every ``RULE_CHECK_S``). A benchmark over such a link measures something else,
+        so callers stop."""
         dead = []
         for link in self.applied:
             for pid in link.daemon_pids:
                 if not _alive(pid):
                     dead.append(f"link {link.name}: its {link.backend} daemon (pid {pid}) died")
-        return dead
+        now = time.monotonic()
+        if now - self._rules_checked >= RULE_CHECK_S:
+            self._rules_checked, self._rules_missing = now, self._missing_rules()
+        return dead + self._rules_missing
+
+    def _missing_rules(self) -> list[str]:
+        missing = []
+        for link in self.applied:
+            for c in link.checks:
+                if c["kind"] == "loss" and (c["ns"], c["needle"].strip('"')) in self._loss_off:
+                    continue  # the WAN schedule took the loss away for now
+                out = run(c["argv"], ns=c["ns"], check=False)
+                if c["needle"] not in out.stdout:
+                    missing.append(f"link {link.name}: {c['what']} was removed")
+        return missing
 
     def _wan_ends(self) -> list[tuple[str, str]]:
         return [
@@ -208,6 +227,7 @@ class Network:
     def set_wan_loss(self, loss_pct: float) -> None:
         """Change the WAN's random loss in place (both directions; 0 removes it)."""
         spec = self.spec.wan.model_copy(update={"loss_pct": loss_pct})
+        self._loss_off = set() if loss_pct else set(self._wan_ends())
         for ns, intf in self._wan_ends():
             run(["nft", "delete", "table", "inet", LOSS_TABLE], ns=ns, check=False)
             if loss_pct:

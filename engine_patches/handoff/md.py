@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from protocol import tls
 from protocol.env import Env
 from protocol.frames import (
     MsgType,
@@ -67,6 +68,7 @@ class HandoffService:
         host = getattr(scheduler.server_args, "host", "0.0.0.0")
         self.listener = socket.create_server((host, port), backlog=128)
         self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.tls = tls.server_context()
         threading.Thread(target=self._accept, name="pdd-handoff-accept", daemon=True).start()
         logger.info("handoff: main decode listening on %s:%d", host, port)
 
@@ -90,6 +92,8 @@ class HandoffService:
     def _read(self, conn: socket.socket) -> None:
         rooms: set[int] = set()
         try:
+            if self.tls is not None:  # servers.tls: the handshake, on this thread
+                conn = self.tls.wrap_socket(conn, server_side=True)
             while True:
                 kind, room, body = recv_frame(conn)
                 if kind not in FROM_ROUTER:

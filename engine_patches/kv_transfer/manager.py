@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from sglang.srt.disaggregation.base.conn import BaseKVBootstrapServer, BaseKVManager
 
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
+from protocol import tls
 from protocol.env import Env, kv_timeout
 from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
 from protocol.kv import TransferRequest
@@ -97,6 +98,10 @@ class TcpKVManager(BaseKVManager):
         self.aux = BufferSet(args.aux_data_ptrs, args.aux_data_lens, args.aux_item_lens)
         self.layout = layout_digest(list(args.kv_item_lens), args.page_size)
         self.timeouts = Timeouts.from_env()
+        self.tls = (
+            tls.server_context() if disaggregation_mode == DisaggregationMode.PREFILL else None
+        )
+        self.tls_client = tls.client_context()
         self.log = JsonlWriter(os.environ.get(Env.KV_TRANSFER_LOG))
         self.prefill_info_table = _SingleRankPrefills()
         self._incoming: dict[int, list[Incoming]] = {}
@@ -157,7 +162,7 @@ class TcpKVManager(BaseKVManager):
                 continue
             threading.Thread(
                 target=self._read_request,
-                args=(conn, f"{addr[0]}:{addr[1]}"),
+                args=(conn, f"{addr[0]}:{addr[1]}", None, True),
                 name="pdd-kv-request",
                 daemon=True,
             ).start()
@@ -194,10 +199,14 @@ class TcpKVManager(BaseKVManager):
         with self._lock:
             self._idle.setdefault(addr, []).append((sock, time.monotonic()))
 
-    def _read_request(self, conn: socket.socket, peer: str, wait_s: float | None = None) -> None:
+    def _read_request(
+        self, conn: socket.socket, peer: str, wait_s: float | None = None, fresh: bool = False
+    ) -> None:
         try:
             conn.settimeout(wait_s or self.timeouts.connect)
             configure_socket(conn, self.timeouts.idle)
+            if fresh and self.tls is not None:  # a new connection: TLS first (servers.tls)
+                conn = self.tls.wrap_socket(conn, server_side=True)
             try:
                 kind, room, body = recv_frame(conn)
             except (TimeoutError, ConnectionError):

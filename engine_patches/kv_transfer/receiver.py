@@ -177,6 +177,8 @@ class TcpKVReceiver(BaseKVReceiver):
             host, port = self.bootstrap_addr.rsplit(":", 1)
             sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)
             configure_socket(sock, timeouts.idle)
+            if self.kv_mgr.tls_client is not None:  # servers.tls: verify prefill's cert
+                sock = self.kv_mgr.tls_client.wrap_socket(sock)
             self._sock = sock
             return False
         self._sock = sock

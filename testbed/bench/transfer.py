@@ -32,25 +32,45 @@ SIZES_MB = (1, 2, 4, 8, 16, 32, 64)
 BASELINES = ("colocated", "same_site_pd", "cross_site_pd")
 
 
-def goodput_rows(run_dir: Path, rate_mbit: float, console: Console) -> list[dict]:
+# How KV frames are protected (servers.frame_auth, servers.tls): what each costs.
+PROTECTION = {
+    "none": {"frame_auth": False, "tls": False},
+    "hmac": {"frame_auth": True, "tls": False},  # the default
+    "hmac+tls": {"frame_auth": True, "tls": True},
+}
+PROTECTION_RATE_MBIT = 2000.0  # a line fast enough that the CPU's share shows
+PROTECTION_SIZES_MB = (4, 16, 64)
+
+
+def goodput_rows(
+    run_dir: Path,
+    rate_mbit: float,
+    console: Console,
+    protection: str = "hmac",
+    sizes: tuple[int, ...] = SIZES_MB,
+) -> list[dict]:
     scenario = Scenario(
         name="bench_transfer",
         network=NetworkSpec(wan=LinkSpec(rate_mbit=rate_mbit, delay_ms=10, queue_packets=2000)),
         # One chunk per prompt: the whole KV is ready at once, so the sweep measures
         # the transfer, not prefill compute between chunks.
-        servers=ServersSpec(max_total_tokens=20000, extra_args=["--chunked-prefill-size", "16384"]),
+        servers=ServersSpec(
+            max_total_tokens=20000,
+            extra_args=["--chunked-prefill-size", "16384"],
+            **PROTECTION[protection],
+        ),
         systems=["cross_site_pd"],
     )
     rows = []
     rng = random.Random(0)
-    with Deployment(scenario, "cross_site_pd", run_dir / "goodput") as d:
+    with Deployment(scenario, "cross_site_pd", run_dir / f"goodput-{protection}") as d:
         from testbed import model as model_mod
 
         kv_per_token = model_mod.describe(d.scenario.model.resolve())["kv_bytes_per_token"]
         # A first transfer opens the (reused) connection, as a serving system's would.
         warm = [rng.randrange(10, 4000) for _ in range(64)]
         httpx.post(f"{d.router_url}/generate", json=generate_payload(warm, 1, False), timeout=600)
-        for size in SIZES_MB:
+        for size in sizes:
             tokens = size * (1 << 20) // kv_per_token
             prompt = [rng.randrange(10, 4000) for _ in range(tokens)]
             r = httpx.post(
@@ -64,6 +84,7 @@ def goodput_rows(run_dir: Path, rate_mbit: float, console: Console) -> list[dict
             rec = [x for x in read_records(d.records_path) if x.session_id == f"size-{size}"][-1]
             mbit = rec.kv_bytes * 8 / rec.kv_transfer_s / 1e6
             row = {
+                "protection": protection,
                 "size_mb": size,
                 "kv_bytes": rec.kv_bytes,
                 "transfer_s": rec.kv_transfer_s,
@@ -142,6 +163,13 @@ def run(out: Path, rate_mbit: float, console: Console) -> Path:
     console.print(f"KV goodput over a clean {rate_mbit:g} Mbit/s WAN (10 ms one way):")
     goodput = goodput_rows(run_dir, rate_mbit, console)
     write_csv(goodput, run_dir / "goodput.csv")
+    console.print(f"What frame protection costs, at {PROTECTION_RATE_MBIT:g} Mbit/s:")
+    protected = [
+        row
+        for name in PROTECTION
+        for row in goodput_rows(run_dir, PROTECTION_RATE_MBIT, console, name, PROTECTION_SIZES_MB)
+    ]
+    write_csv(protected, run_dir / "protection.csv")
     console.print("TTFT of the baselines on scenario 'baselines', one fixed request mix:")
     ttft = baseline_ttft_rows(run_dir, console)
     write_csv(ttft, run_dir / "ttft.csv")
@@ -158,6 +186,7 @@ def run(out: Path, rate_mbit: float, console: Console) -> Path:
             target if r["size_mb"] >= 8 else "-",
         )
     console.print(table)
+    console.print(protection_table(protected))
     table = Table(title="TTFT of the baselines (s), side by side")
     for col in ("system", "requests", "P50", "P90", "P99"):
         table.add_column(col, justify="right")
@@ -168,3 +197,21 @@ def run(out: Path, rate_mbit: float, console: Console) -> Path:
     console.print(table)
     console.print(f"CSVs in {run_dir}")
     return run_dir
+
+
+def protection_table(rows: list[dict]) -> Table:
+    """Transfer time per size and protection, each as a ratio of unprotected frames'."""
+    plain = {r["size_mb"]: r["transfer_s"] for r in rows if r["protection"] == "none"}
+    table = Table(title=f"KV transfer by frame protection at {PROTECTION_RATE_MBIT:g} Mbit/s")
+    for col in ("protection", "size", "transfer (s)", "goodput (Mbit/s)", "time vs none"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        ratio = r["transfer_s"] / plain[r["size_mb"]] if plain.get(r["size_mb"]) else None
+        table.add_row(
+            r["protection"],
+            f"{r['size_mb']} MB",
+            f"{r['transfer_s']:.3f}",
+            f"{r['goodput_mbit']:.0f}",
+            f"x{ratio:.2f}" if ratio else "-",
+        )
+    return table

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+from protocol import tls
 from protocol.frames import MsgType, read_frame, write_frame
 from protocol.handoff import Extended, Handoff, Ready
 
@@ -27,7 +28,10 @@ class HandoffChannel:
 
     async def watch(self) -> Ready:
         """Connect, WATCH, and wait until MD holds the prompt's KV."""
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        ctx = tls.client_context()  # servers.tls: MD's certificate is the deployment's
+        self.reader, self.writer = await asyncio.open_connection(
+            self.host, self.port, ssl=ctx, server_hostname=self.host if ctx else None
+        )
         await self._send(MsgType.WATCH, b"")
         return Ready.decode(await self._expect(MsgType.READY))
 

@@ -28,6 +28,12 @@ from protocol.frames import (
 from protocol.handoff import Extended, Handoff, Ready
 
 
+@pytest.fixture(autouse=True)
+def no_key_unless_asked():
+    """Frames untagged, whatever an earlier test in this process left behind."""
+    set_frame_key(None)
+
+
 def test_async_writer_and_sync_reader_agree_both_ways():
     """A router (asyncio) and a main-decode listener (threads) on a real socket."""
     server = socket.create_server(("127.0.0.1", 0))

@@ -147,3 +147,22 @@ def _alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_removed_rule_or_a_dead_daemon_is_named_by_the_watchdog(make_network, monkeypatch):
+    import topologies.network as network_mod
+
+    monkeypatch.setattr(network_mod, "RULE_CHECK_S", 0.0)  # look at every call
+    net = make_network(LinkSpec(rate_mbit=50, delay_ms=5, loss_pct=1))
+    assert net.problems() == []
+    net.set_wan_loss(0)  # a schedule taking the loss away is no fault
+    assert net.problems() == []
+    net.set_wan_loss(1)
+    ns, intf = net._wan_ends()[0]
+    run(["tc", "qdisc", "del", "dev", intf, "root"], ns=ns)  # someone removes the shaper
+    (problem,) = net.problems()
+    assert f"htb rate limiter on {intf} was removed" in problem and "<->" in problem
+    if net.backend_name == "userspace":  # its delay hook: the rule feeding delayd
+        argv = ["iptables", "-D", "FORWARD", "-o", intf, "-j", "NFQUEUE", "--queue-num", "0"]
+        run(argv, ns=ns)
+        assert any("NFQUEUE rule feeding delayd" in p for p in net.problems())

@@ -32,6 +32,12 @@ class AppliedLink:
     spec: dict
     mechanisms: dict[str, str] = field(default_factory=dict)  # parameter → mechanism
     daemon_pids: list[int] = field(default_factory=list)
+    # What must stay in place while the link runs, each {ns, kind, argv, needle, what}:
+    # the command's output holds ``needle`` as long as the rule is there.
+    checks: list[dict] = field(default_factory=list)
+
+    def expect(self, ns: str | None, kind: str, argv: list[str], needle: str, what: str) -> None:
+        self.checks.append({"ns": ns, "kind": kind, "argv": argv, "needle": needle, "what": what})
 
 
 class LinkEmulator(ABC):

@@ -57,3 +57,13 @@ def loss_drops(ns: str) -> int:
         if "counter packets" in line:
             return int(line.split("counter packets")[1].split()[0])
     return 0
+
+
+def expect_shaping(applied, end: LinkEnd, spec: LinkSpec) -> None:
+    """The rate and loss rules the watchdog checks are still in place on ``end``."""
+    if spec.rate_mbit:
+        argv = ["tc", "qdisc", "show", "dev", end.intf]
+        applied.expect(end.ns, "rate", argv, "htb", f"the htb rate limiter on {end.intf}")
+    if spec.loss_pct:
+        argv = ["nft", "list", "table", "inet", LOSS_TABLE]
+        applied.expect(end.ns, "loss", argv, f'"{end.intf}"', f"the loss rule on {end.intf}")

@@ -18,7 +18,12 @@ from topologies.emulation.base import (
     htb_commands,
     probe_in_scratch_namespace,
 )
-from topologies.emulation.common import apply_loss, disable_offloads, mechanisms_for
+from topologies.emulation.common import (
+    apply_loss,
+    disable_offloads,
+    expect_shaping,
+    mechanisms_for,
+)
 from topologies.link import LinkSpec
 from topologies.netns import NetworkError, run
 
@@ -35,6 +40,7 @@ class NetemEmulator(LinkEmulator):
     def apply(
         self, name: str, a: LinkEnd, b: LinkEnd, spec: LinkSpec, log_dir: Path
     ) -> AppliedLink:
+        applied = AppliedLink(name=name, backend=self.name, spec=spec.model_dump())
         netem = ["netem", "limit", str(spec.queue_packets)]
         if spec.delay_ms:
             netem += ["delay", f"{spec.delay_ms}ms"]
@@ -55,6 +61,10 @@ class NetemEmulator(LinkEmulator):
                     raise EmulationError(str(exc)) from exc
             if spec.loss_pct:
                 apply_loss(end, spec)
+            expect_shaping(applied, end, spec)
+            if spec.delay_ms:
+                argv = ["tc", "qdisc", "show", "dev", end.intf]
+                applied.expect(end.ns, "delay", argv, "netem", f"netem on {end.intf}")
         mechanisms = mechanisms_for(
             spec,
             queue_packets="netem limit",
@@ -62,6 +72,5 @@ class NetemEmulator(LinkEmulator):
             jitter_ms="tc netem jitter (uniform; netem may reorder)",
         )
         mechanisms["queue_packets"] = "netem limit"  # netem's queue exists even unshaped
-        return AppliedLink(
-            name=name, backend=self.name, spec=spec.model_dump(), mechanisms=mechanisms
-        )
+        applied.mechanisms = mechanisms
+        return applied

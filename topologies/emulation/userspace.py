@@ -20,7 +20,12 @@ from topologies.emulation.base import (
     htb_commands,
     probe_in_scratch_namespace,
 )
-from topologies.emulation.common import apply_loss, disable_offloads, mechanisms_for
+from topologies.emulation.common import (
+    apply_loss,
+    disable_offloads,
+    expect_shaping,
+    mechanisms_for,
+)
 from topologies.link import LinkSpec
 from topologies.netns import NetworkError, run
 
@@ -80,8 +85,12 @@ class UserspaceEmulator(LinkEmulator):
                 applied.daemon_pids.append(
                     self._start_delayd(end, spec, log_dir / f"delayd-{end.ns or end.intf}.log")
                 )
+                rule = f"-o {end.intf} -j NFQUEUE"
+                what = f"the NFQUEUE rule feeding delayd on {end.intf}"
+                applied.expect(end.ns, "delay", ["iptables", "-S", "FORWARD"], rule, what)
             if spec.loss_pct:
                 apply_loss(end, spec)
+            expect_shaping(applied, end, spec)
         applied.mechanisms = self.mechanisms(spec)
         return applied
 
