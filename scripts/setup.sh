@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3.11}
 VENV=.venv
-DEBIAN_PACKAGES=(mininet bridge-utils iperf3 iputils-ping iptables nftables ethtool iproute2 procps psmisc util-linux)
+PEERS=.venv-peers  # peers' load tools (AIPerf), apart: never in the project's venv
+DEBIAN_PACKAGES=(mininet bridge-utils iperf3 iputils-ping iptables nftables ethtool iproute2 procps psmisc util-linux openssl)
 
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 fail() { printf '\n\033[31msetup failed: %s\033[0m\n' "$*" >&2; exit 1; }
@@ -65,6 +66,12 @@ step "$CURRENT"
 # Import hooks that must precede SGLang's own imports in every process it spawns
 # (sgl_kernel stand-in, torchvision fix); each is inert where not needed.
 echo "import engine_patches.bootstrap" > "$SITE/pdd_testbed_bootstrap.pth"
+
+CURRENT="peers' load tools in $PEERS (AIPerf)"
+step "$CURRENT"
+[ -x "$PEERS/bin/python" ] || "$PY" -m venv "$PEERS"
+"$PEERS/bin/python" -m pip install --quiet --disable-pip-version-check -r requirements/peers.txt
+"$PEERS/bin/aiperf" --version
 
 CURRENT="check"
 step "$CURRENT"

@@ -352,6 +352,35 @@ def test_an_openai_chat_request_is_relayed_like_a_native_one(pdd, colocated):
 SEEDS = {"sglang": 7, "sglang-oai": 8, "sglang-oai-chat": 9}  # new prompts for each
 
 
+def test_aiperf_replays_multi_turn_chat_against_the_router_and_agrees_on_ttft(pdd, tmp_path):
+    """A peer's load tool, unchanged, from its own venv: AIPerf replays multi-turn chat
+    sessions; every request reaches the router (joined by X-Request-ID), long prompts
+    take the relay path, and AIPerf's TTFT is the router's plus the client's leg."""
+    import statistics
+    import subprocess
+
+    from workloads.peers import AIPERF, aiperf_argv, aiperf_requests, multi_turn_dataset
+
+    if not AIPERF.exists():
+        pytest.skip("AIPerf is not installed: make setup puts it in .venv-peers")
+    dataset = tmp_path / "conversations.jsonl"
+    multi_turn_dataset(dataset, sessions=4, turns=3, words=300, seed=91)
+    out = tmp_path / "aiperf"
+    argv = aiperf_argv(pdd.router_url, pdd.scenario.model.resolve(), dataset, out, sessions=4)
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    theirs = aiperf_requests(out)
+    assert len(theirs) == 12 and not any(r["error"] for r in theirs.values())
+    time.sleep(1.0)  # the router writes a record after the last token
+    ours = {r.request_id: r for r in read_records(pdd.records_path) if r.request_id in theirs}
+    assert set(ours) == set(theirs) and all(r.status == "ok" for r in ours.values())
+    assert any(r.pipeline == Pipeline.P_RLD_MD for r in ours.values())
+    # The client's TTFT = the router's + the request's and first chunk's way between them.
+    extra = [theirs[i]["ttft_s"] - ours[i].ttft for i in ours]
+    assert min(extra) > -0.005, extra  # one clock: the client can never see it earlier
+    assert statistics.median(extra) < 0.05, extra
+
+
 @pytest.mark.parametrize("backend", list(SEEDS))
 def test_sglang_bench_serving_runs_unchanged_against_the_router(pdd, backend, tmp_path):
     """A peer's load tool, as its users run it (no extra readiness flags): every request
