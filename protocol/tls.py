@@ -21,26 +21,28 @@ def enabled() -> bool:
     return bool(os.environ.get(Env.TLS_CERT))
 
 
+def _tls13(protocol: int) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(protocol)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    return ctx
+
+
 def server_context() -> ssl.SSLContext | None:
     """For a listener; None when the deployment runs without TLS."""
-    cert = os.environ.get(Env.TLS_CERT)
-    if not cert:
+    if not enabled():
         return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.load_cert_chain(cert, os.environ.get(Env.TLS_KEY) or None)
+    ctx = _tls13(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(os.environ[Env.TLS_CERT], os.environ.get(Env.TLS_KEY) or None)
     ctx.num_tickets = 0  # no session tickets: an idle pooled connection stays quiet
     return ctx
 
 
 def client_context() -> ssl.SSLContext | None:
     """For a connecting side: trusts the deployment's certificate and nothing else."""
-    cert = os.environ.get(Env.TLS_CERT)
-    if not cert:
+    if not enabled():
         return None
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.check_hostname = False
+    ctx = _tls13(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False  # the certificate stands for the deployment, not a name
     ctx.verify_mode = ssl.CERT_REQUIRED
-    ctx.load_verify_locations(cert)
+    ctx.load_verify_locations(os.environ[Env.TLS_CERT])
     return ctx
