@@ -134,6 +134,12 @@ def serve(
         help="The deployment's frame key (hex, as `testbed key` writes it): KV and handoff "
         "frames are then authenticated; every server and the router need the same one.",
     ),
+    agent_port: int = typer.Option(
+        None,
+        min=1,
+        max=65535,
+        help="Also answer `testbed doctor` here (GET /host: model hash, versions, clock).",
+    ),
 ) -> None:
     """Launch one SGLang server for ROLE, wait until healthy, serve until Ctrl-C/SIGTERM.
     With the ports and the transfer log, a host of a deployment the testbed does not
@@ -158,6 +164,16 @@ def serve(
         extra_env=tuple(env),
     )
     server = SGLangServer(spec, log)
+    agent = None
+    if agent_port is not None:
+        from testbed.agent import HostAgent
+
+        info = {"role": role, "url": spec.url}
+        try:
+            agent = HostAgent(info, spec.model_path, host, agent_port).start()
+        except OSError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from exc
 
     def on_sigterm(signum, frame):
         raise KeyboardInterrupt  # one shutdown path for Ctrl-C and SIGTERM
@@ -179,6 +195,37 @@ def serve(
         raise typer.Exit(1) from exc
     finally:
         server.stop()
+        if agent is not None:
+            agent.stop()
+
+
+@app.command()
+def doctor(
+    hosts: list[str] = typer.Option(
+        ..., "--host", help="A host agent's URL (`testbed serve --agent-port`); repeat."
+    ),
+    model: Path = typer.Option(None, help="The model the hosts must serve (default: tiny)."),
+    max_offset_ms: float = typer.Option(50.0, help="Largest clock offset accepted."),
+) -> None:
+    """Preflight of hosts the testbed did not launch: each reachable, serving the same
+    model (weights hash) with the same SGLang, project and torch versions, its clock
+    within MAX_OFFSET_MS of this one. Exit 1 naming each host that fails."""
+    from testbed import doctor as doctor_mod
+
+    checks = doctor_mod.run(hosts, resolve_model(model), max_offset_ms / 1000)
+    table = Table(title="hosts")
+    for col in ("host", "role", "clock offset (ms)", "round trip (ms)", "ok"):
+        table.add_column(col)
+    for c in checks:
+        off = "-" if c.offset_ms is None else f"{c.offset_ms:+.2f}"
+        rtt = "-" if c.rtt_ms is None else f"{c.rtt_ms:.2f}"
+        table.add_row(c.url, c.role, off, rtt, "yes" if c.ok else "[red]no[/red]")
+    console.print(table)
+    problems = [p for c in checks for p in c.problems]
+    for p in problems:
+        console.print(f"[red]error:[/red] {p}", highlight=False)
+    if problems:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""`testbed serve` comes up, prints its URL, and leaves no process behind after SIGTERM."""
+"""`testbed serve` comes up, prints its URL, answers the doctor through its host agent,
+and leaves no process behind after SIGTERM."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def test_serve_then_sigterm_leaves_no_process(tiny_model, tmp_path):
         "30202",
         "--log",
         str(tmp_path / "serve.log"),
+        "--agent-port",
+        "30203",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -36,6 +39,11 @@ def test_serve_then_sigterm_leaves_no_process(tiny_model, tmp_path):
             if select.select([proc.stdout], [], [], 1.0)[0]:
                 output += proc.stdout.readline()
         assert "http://127.0.0.1:30202" in output, output
+        doctor = [sys.executable, "-m", "testbed.cli", "doctor", "--model", str(tiny_model)]
+        checked = subprocess.run(
+            [*doctor, "--host", "http://127.0.0.1:30203"], capture_output=True, text=True
+        )
+        assert checked.returncode == 0 and "colocated" in checked.stdout, checked.stdout
         family = psutil.Process(proc.pid).children(recursive=True)
         assert any("sglang" in " ".join(p.cmdline()) for p in family)
 
