@@ -3,9 +3,14 @@ tokens, so prefix sharing in a trace is prefix sharing on the server, exactly.""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 FIRST_TOKEN = 10  # keep clear of special tokens at the start of small vocabularies
+
+
+CACHED_BLOCKS = 8192  # the most recently used blocks kept (shared prefixes stay hot)
 
 
 class TokenSynth:
@@ -13,15 +18,20 @@ class TokenSynth:
         if vocab_size <= FIRST_TOKEN + 1:
             raise ValueError(f"vocab_size {vocab_size} too small")
         self.vocab_size, self.block_tokens, self.seed = vocab_size, block_tokens, seed
-        self._cache: dict[int, np.ndarray] = {}
+        # LRU, bounded: a long replay (a soak) must not grow the load generator's memory
+        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
 
     def block(self, block_id: int) -> np.ndarray:
         tokens = self._cache.get(block_id)
-        if tokens is None:
-            rng = np.random.default_rng([self.seed, int(block_id)])
-            tokens = rng.integers(FIRST_TOKEN, self.vocab_size, self.block_tokens, dtype=np.int64)
-            if len(self._cache) < 100_000:
-                self._cache[block_id] = tokens
+        if tokens is not None:
+            self._cache.move_to_end(block_id)
+            return tokens
+        rng = np.random.default_rng([self.seed, int(block_id)])
+        drawn = rng.integers(FIRST_TOKEN, self.vocab_size, self.block_tokens, dtype=np.int64)
+        tokens = drawn.astype(np.int32)  # the same ids, half the memory
+        self._cache[block_id] = tokens
+        if len(self._cache) > CACHED_BLOCKS:
+            self._cache.popitem(last=False)
         return tokens
 
     def tokens(self, hash_ids, length: int | None = None) -> list[int]:

@@ -89,7 +89,7 @@ class PddPolicy(Policy):
     def __init__(self, config: RouterConfig, wan: WanLine | None = None) -> None:
         self.pdd: PddConfig = config.pdd or PddConfig()
         super().__init__(config, wan or wan_line(self.pdd))
-        self.mirror = PrefixMirror()
+        self.mirror = PrefixMirror(capacity_tokens=self.pdd.md_cache_tokens)
 
     def choose(self, body, loads, session: str | None = None, pinned: str | None = None):
         route = self._choose(body, loads, session)

@@ -7,6 +7,7 @@ import pytest
 
 from protocol.names import Pipeline
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
+from testbed.router.mirror import PrefixMirror
 from testbed.router.policies import Loads, PddPolicy
 
 
@@ -78,7 +79,6 @@ def test_a_sessions_next_turn_waits_only_for_its_own_previous_turn():
 
     from protocol.records import RequestRecord
     from testbed.router.after import AfterRequest
-    from testbed.router.mirror import PrefixMirror
 
     async def two_turns():
         after = AfterRequest(PddConfig(turn_wait_s=30), PrefixMirror(), None)
@@ -106,7 +106,6 @@ def test_a_next_turn_waits_for_its_previous_turn_to_settle_on_md():
 
     from protocol.records import RequestRecord
     from testbed.router.after import AfterRequest
-    from testbed.router.mirror import PrefixMirror
 
     async def two_turns():
         after = AfterRequest(PddConfig(turn_wait_s=30), PrefixMirror(), None)
@@ -133,7 +132,6 @@ def test_a_next_turn_stops_waiting_for_a_slow_settle_after_turn_wait_s():
 
     from protocol.records import RequestRecord
     from testbed.router.after import AfterRequest
-    from testbed.router.mirror import PrefixMirror
 
     async def two_turns():
         after = AfterRequest(PddConfig(turn_wait_s=0.05), PrefixMirror(), None)
@@ -200,3 +198,17 @@ def test_with_relay_decode_out_of_rotation_requests_go_p_to_md():
     loads.down["md"] = "/health failed"
     with pytest.raises(LookupError, match="no healthy main_decode server"):
         p.choose(body(2000), loads)
+
+
+def test_the_md_mirror_holds_no_more_than_md_can_and_forgets_the_oldest_session():
+    mirror = PrefixMirror(recent=2, capacity_tokens=1000)
+    a, b, c = ([k] * 400 for k in (1, 2, 3))
+    mirror.add(a, "a")
+    mirror.add(b, "b")
+    assert mirror.predicted_hit(a + [9], "a") == 400
+    mirror.add(c, "c")  # 1200 tokens > 1000: session a (least recently used) goes
+    assert "a" not in mirror.by_session and mirror._tokens == 800
+    assert mirror.predicted_hit(a + [9], "a") == 0  # nor among the 2 recent ones
+    assert mirror.predicted_hit(b[:100] + [7], "b") == 100
+    mirror.add(b + [5] * 100, "b")  # a session's next exchange replaces its last one
+    assert mirror._tokens == 900 and list(mirror.by_session) == ["c", "b"]
