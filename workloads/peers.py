@@ -79,6 +79,9 @@ def aiperf_argv(
         "temperature:0",
         "--session-header",
         headers.SESSION,
+        # Token counts as the server reports them: re-tokenizing a tiny model's random
+        # output text does not give its token count back (AIPerf would flag the gap).
+        "--use-server-token-count",
         "--random-seed",
         "0",
         "--output-artifact-dir",
@@ -98,6 +101,7 @@ def aiperf_requests(out_dir: Path) -> dict[str, dict]:
             meta, metrics = row["metadata"], row.get("metrics") or {}
             ttft = (metrics.get("time_to_first_token") or {}).get("value")
             out[meta["x_request_id"]] = {
+                "started": meta["request_start_ns"] / 1e9,  # wall clock, as the router's
                 "ttft_s": ttft / 1000 if ttft is not None else None,
                 "error": row.get("error"),
                 "conversation": meta.get("conversation_id"),

@@ -103,6 +103,8 @@ class Router:
 
     async def _start(self, app) -> None:
         await self.upstream.open()
+        if self.tokenizer is not None:  # loaded before the first request, not during it
+            await asyncio.get_running_loop().run_in_executor(None, self.tokenizer.warm)
         cfg = self.config
         self.health_checks = Health(
             cfg.servers, self.loads, cfg.health_interval_s, cfg.health_timeout_s

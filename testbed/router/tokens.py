@@ -2,8 +2,10 @@
 servers would compute themselves, so a text request gets the same prefix prediction and
 the same pipelines (relay included, which hands off token ids) as one sent as ids.
 
-Lifecycle: loaded once from the model directory on the router's first text request
-(transformers' AutoTokenizer, as SGLang loads it), then shared.
+Lifecycle: loaded from the model directory and warmed (an encode and a chat template
+applied once) while the router starts, before it accepts requests: loading takes
+seconds, and on the first request it held up every request in flight (transformers'
+AutoTokenizer, as SGLang loads it); then shared.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ class RouterTokenizer:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(str(self.model_dir))
+
+    def warm(self) -> None:
+        self.encode("warm up")
+        if getattr(self.tokenizer, "chat_template", None):
+            self.chat([{"role": "user", "content": "warm up"}])
 
     def encode(self, text: str) -> list[int]:
         """As SGLang's tokenizer manager encodes a prompt (special tokens included)."""

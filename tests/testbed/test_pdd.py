@@ -383,6 +383,8 @@ def test_aiperf_replays_multi_turn_chat_against_the_router_and_agrees_on_ttft(pd
     )
     assert min(extra) > -0.005, extra  # one clock: the client can never see it earlier
     assert statistics.median(extra) < 0.05, extra
+    waits = [ours[i].arrival - theirs[i]["started"] for i in ours]
+    assert max(waits) < 0.25, waits  # no request held up before the router took it in
 
 
 @pytest.mark.parametrize("backend", list(SEEDS))
