@@ -147,6 +147,7 @@ class TcpKVManager(BaseKVManager):
             late = self._incoming.pop(room, [])
         for incoming in late:
             _refuse(incoming.conn, room, reason)
+        self._expire_parked()  # pooled connections make accepts rare: expire here too
 
     def _accept_loop(self) -> None:
         while True:
