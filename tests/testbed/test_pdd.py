@@ -100,7 +100,9 @@ def md_transfers(pdd: Deployment, room: int) -> list[TransferRecord]:
 def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     rng = random.Random(f"{mode}-{size}")  # a fresh prompt: nothing cached anywhere
     prompt = [rng.randrange(10, 4000) for _ in range(400)]
-    new_tokens = size + 80  # time for main decode to catch up with relay decode
+    # Time for main decode to catch up with relay decode: the bigger the one-shot extend,
+    # the more room (on a shared, noisy CI core a 201-token takeover once needed > 80).
+    new_tokens = size + max(80, 2 * size)
     session = f"exact-{mode}-{size}"
     before = len(handoff_log(pdd))
     pin = {headers.HANDOFF_AT: str(size + 1), headers.HANDOFF_MODE: mode}
@@ -112,7 +114,8 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     # relay decode streams on while main decode takes over (greedy), so it may send more.
     k = rec.handoff_tokens + 1  # the tokens main decode held after the final handoff
     assert size + 1 <= k <= size + 4 and rec.eager_tokens >= k
-    assert rec.decode_server.startswith("main_decode") and not rec.handoff_mismatch  # switched
+    switched = rec.decode_server.startswith("main_decode")
+    assert switched and not rec.handoff_mismatch, (rec.eager_tokens, rec.fallback)
     assert rec.handoff_s is not None  # the client-visible gap at the switch is recorded
     batches = handoff_log(pdd)[before:]
     assert len(batches) == rec.handoff_batches and batches[-1].final
