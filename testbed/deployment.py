@@ -12,19 +12,22 @@ Lifecycle::
 
 ``testbed up`` leaves a deployment serving after it exits; ``testbed down`` (or
 ``Network.down_by_name``) ends it from the namespaces alone.
+
+With a scenario ``inventory:`` the servers already run on other hosts: ``up()`` then
+runs the preflight instead of the network, attaches to the servers (healthy, caches
+flushed once the router is up) and mirrors their transfer logs into the run
+directory; ``down()`` leaves them running (see :mod:`testbed.inventory`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 
 import httpx
@@ -33,7 +36,9 @@ from protocol.env import Env
 from protocol.frames import new_frame_key, set_frame_key
 from protocol.names import Role
 from testbed import cpu_share
-from testbed.dilation import for_testbed, pacing_env, record
+from testbed.dilation import for_testbed, pacing_env
+from testbed.inventory import LocalHosts, LogMirror, RemoteServer
+from testbed.manifest import manifest
 from testbed.model import describe as describe_model
 from testbed.model import serving_limits
 from testbed.router.config import RouterConfig, ServerEntry
@@ -66,12 +71,21 @@ class Deployment:
         self.scenario = scenario
         self.system: SystemSpec = get_system(system)
         self.run_dir = Path(run_dir)
-        self.net = Network(scenario.network, net_name, log_dir=self.run_dir)
+        inventory = scenario.inventory
+        self.net = (
+            Network(scenario.network, net_name, log_dir=self.run_dir)
+            if inventory is None
+            else LocalHosts(inventory)
+        )
+        self.mirror: LogMirror | None = None  # an inventory's transfer logs, copied here
+        self.clock_offsets_ms: dict[str, float] = {}  # an inventory host's clock − ours
         self.servers: list[RunningServer] = []
         self.router: HostProcess | None = None
         self.router_host: str | None = None
         # Handed to the servers and the router only (never written to the run directory)
         self.frame_key = new_frame_key() if scenario.servers.frame_auth else ""
+        if inventory is not None and scenario.servers.frame_auth:  # the hosts' key
+            self.frame_key = inventory.frame_key_file.read_text().strip()
         self.tls_env: dict[str, str] = {}  # servers.tls: the certificate's paths, once made
 
     @property
@@ -106,8 +120,13 @@ class Deployment:
         os.environ.update(self.tls_env)
         try:
             model = self.scenario.model.resolve()
-            self._start_servers(model)
+            if self.scenario.inventory is None:
+                self._start_servers(model)
+            else:
+                self._attach_inventory()
             self._start_router()
+            if self.scenario.inventory is not None:  # long-running servers: a cold start
+                httpx.post(f"{self.router_url}/flush_cache", timeout=60).raise_for_status()
             self._write_manifest(model)
         except BaseException:
             self.down()
@@ -125,6 +144,8 @@ class Deployment:
             self.router.stop()
         with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
             list(pool.map(lambda s: s.server.stop(), self.servers))
+        if self.mirror is not None:
+            self.mirror.stop()
         self.net.down()
         self._unpin_testbed()
 
@@ -138,6 +159,8 @@ class Deployment:
         ]
         if self.router is not None and not self.router.alive():
             found.append(f"the router died:\n{self.router.log()[-1500:]}")
+        if self.mirror is not None:
+            found += self.mirror.problems()
         return found + self.net.problems()
 
     def _write_cpu_shares(self) -> None:
@@ -155,23 +178,23 @@ class Deployment:
         """Pin this thread, and so every process it starts (link emulators, router,
         Locust), to the 'testbed' CPUs; servers get their role's CPUs via taskset."""
         cpus = self.scenario.servers.cpus
-        self._all_cpus = sorted(os.sched_getaffinity(0))
-        missing = sorted({c for v in cpus.values() for c in v} - set(self._all_cpus))
+        self.all_cpus = sorted(os.sched_getaffinity(0))
+        missing = sorted({c for v in cpus.values() for c in v} - set(self.all_cpus))
         if missing:
             raise ServerError(
                 f"servers.cpus names CPUs {missing}, but this machine offers "
-                f"{self._all_cpus}; edit the scenario's servers.cpus"
+                f"{self.all_cpus}; edit the scenario's servers.cpus"
             )
         if "testbed" in cpus:
             os.sched_setaffinity(0, cpus["testbed"])
 
     def _unpin_testbed(self) -> None:
-        if getattr(self, "_all_cpus", None):
-            os.sched_setaffinity(0, self._all_cpus)
+        if getattr(self, "all_cpus", None):
+            os.sched_setaffinity(0, self.all_cpus)
 
     def _server_cpus(self, role: str) -> tuple[int, ...]:
         cpus = self.scenario.servers.cpus
-        return tuple(cpus.get(role, self._all_cpus)) if cpus else ()
+        return tuple(cpus.get(role, self.all_cpus)) if cpus else ()
 
     def __enter__(self) -> Deployment:
         return self.up()
@@ -212,6 +235,10 @@ class Deployment:
                 self.servers.append(RunningServer(name, role, host, self.net.site(host), server))
         for s in self.servers:
             s.server.start()
+        self._wait_healthy()
+
+    def _wait_healthy(self) -> None:
+        cfg = self.scenario.servers
         with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
             list(pool.map(lambda s: s.server.wait_healthy(cfg.startup_timeout_s), self.servers))
         for s in self.servers:
@@ -224,6 +251,29 @@ class Deployment:
                     f"servers.max_total_tokens={cfg.max_total_tokens}; raise "
                     f"servers.mem_fraction_static or lower max_total_tokens"
                 )
+
+    def _attach_inventory(self) -> None:
+        """The servers of an inventory: preflight (refused with every problem named),
+        then each healthy, with its pool checked and its transfer log mirrored here."""
+        from testbed import doctor
+
+        inventory = self.scenario.inventory
+        checks = doctor.check_inventory(self.scenario)
+        problems = [p for c in checks for p in c.problems]
+        if problems:
+            raise ServerError("inventory preflight (testbed doctor):\n  " + "\n  ".join(problems))
+        by_host = {h.name: c for h, c in zip(inventory.hosts, checks, strict=True)}
+        self.clock_offsets_ms = {name: c.offset_ms for name, c in by_host.items()}
+        sources = []
+        for role, place in self.system.servers:
+            for host in self.net.hosts_with_role(place):
+                name, entry = f"{role}-{host}", inventory.host(host)
+                server = RemoteServer(entry, role, by_host[host].info)
+                self.servers.append(RunningServer(name, role, host, entry.site, server))
+                offset_s = by_host[host].offset_ms / 1000
+                sources.append((entry.agent_url, self.transfer_log(name), offset_s))
+        self._wait_healthy()
+        self.mirror = LogMirror(sources, inventory.log_poll_s).start()
 
     def _handoff_port(self, role: str) -> int | None:
         """Main decode of a pdd deployment listens for token-ID handoffs."""
@@ -309,41 +359,8 @@ class Deployment:
         raise ServerError(f"router not healthy after 60 s: {self.router.log()[-2000:]}")
 
     def _write_manifest(self, model: Path) -> None:
-        manifest = {
-            "scenario": self.scenario.model_dump(mode="json"),
-            "system": self.system.name,
-            "policy": self.system.policy,
-            "model": str(model),
-            "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
-            "emulation": record(self.scenario, describe_model(model)["kv_bytes_per_token"]),
-            "servers": [
-                {
-                    "name": s.name,
-                    "role": s.role,
-                    "host": s.host,
-                    "site": s.site,
-                    "url": s.spec.url,
-                    "argv": s.spec.argv(),
-                }
-                for s in self.servers
-            ],
-            "router": self.router_url,
-            "network": {
-                "name": self.net.name,
-                "backend": self.net.backend_name,
-                "links": [vars(a) for a in self.net.applied],
-            },
-            "versions": versions(),
-            "host": {
-                "kernel": platform.release(),
-                "machine": platform.machine(),
-                "python": platform.python_version(),
-                "cpus": self._all_cpus,
-            },
-            "git_commit": git_commit(),
-            "started": time.time(),
-        }
-        (self.run_dir / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str))
+        path = self.run_dir / "manifest.json"
+        path.write_text(json.dumps(manifest(self, model), indent=2, default=str))
 
 
 def make_certificate(directory: Path) -> dict[str, str]:
@@ -374,25 +391,3 @@ def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_k
     if cfg.threads:
         env.append(("OMP_NUM_THREADS", str(cfg.threads)))
     return tuple(env)
-
-
-def versions() -> dict[str, str]:
-    out = {}
-    for dist in ("pdd-testbed", "sglang", "torch", "transformers", "locust", "pandas"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
-def git_commit() -> str | None:
-    def git(*args: str) -> subprocess.CompletedProcess:
-        here = Path(__file__).parent
-        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=here, timeout=5)
-
-    try:
-        done, dirty = git("rev-parse", "HEAD"), git("status", "--porcelain").stdout.strip()
-        return done.stdout.strip() + ("-dirty" if dirty else "") if done.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        return None

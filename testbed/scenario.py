@@ -22,7 +22,9 @@ from protocol.names import Role
 from reports.cost import CostTable
 from reports.sla import SLA
 from testbed.dilation import EmulationSpec
+from testbed.inventory import InventorySpec
 from testbed.router.config import PddConfig
+from testbed.systems import get_system
 from topologies.spec import NetworkSpec
 
 # Shipped as package data (the checkout's scenarios/ links here); a relative trace path
@@ -253,6 +255,11 @@ class Scenario(BaseModel):
     plan: PlanSpec = Field(
         default_factory=PlanSpec, description="The capacity planner's search (testbed plan)."
     )
+    inventory: InventorySpec | None = Field(
+        None,
+        description="Run against servers already running on these hosts (each started "
+        "with `testbed serve`) instead of launching them on the emulated network.",
+    )
     sweep: dict[str, list] = Field(
         default_factory=dict,
         description="Bench every combination of these values: dotted scenario field → "
@@ -279,6 +286,34 @@ class Scenario(BaseModel):
             if port in seen:
                 raise ValueError(f"{field_name} and {seen[port]} are both port {port}")
             seen[port] = field_name
+        return self
+
+    @model_validator(mode="after")
+    def _inventory_runs_what_it_can(self) -> Scenario:
+        """An inventory's WAN is real and its servers are started by hand: nothing the
+        testbed would emulate or launch may be asked of it."""
+        inv = self.inventory
+        if inv is None:
+            return self
+        if self.emulation is not None:
+            raise ValueError("inventory: emulation paces servers the testbed launches; drop one")
+        if self.network.wan_schedule:
+            raise ValueError("inventory: network.wan_schedule needs the emulated WAN")
+        if self.servers.tls:
+            raise ValueError("inventory: servers.tls is for launched servers only (for now)")
+        if self.servers.frame_auth and inv.frame_key_file is None:
+            raise ValueError(
+                "inventory: servers.frame_auth is on, so inventory.frame_key_file must name "
+                "the key the hosts were started with (or set servers.frame_auth: false)"
+            )
+        places = {h.place for h in inv.hosts}
+        for name in self.systems:
+            for role, place in get_system(name).servers:
+                if place not in places:
+                    raise ValueError(
+                        f"inventory: system {name} runs its {role} on a {place} host; "
+                        f"the inventory has none"
+                    )
         return self
 
     @model_validator(mode="after")

@@ -45,6 +45,8 @@ RULE_CHECK_S = 5.0  # how often problems() re-reads the links' rules
 
 
 class Network:
+    emulated = True  # links built and shaped here (an inventory's LocalHosts: not)
+
     def __init__(
         self, spec: NetworkSpec, name: str = "default", log_dir: Path | None = None
     ) -> None:
@@ -241,6 +243,10 @@ class Network:
 
     def run(self, host: str, argv: Sequence[str], timeout: float = 60, check: bool = True):
         return run(argv, ns=self.ns(host), timeout=timeout, check=check)
+
+    def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
+        """The command line that runs ``argv`` on ``host``."""
+        return ["ip", "netns", "exec", self.ns(host), *argv]
 
     # ---- building -----------------------------------------------------------------
     def _namespaces(self) -> list[str]:

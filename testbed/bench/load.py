@@ -61,7 +61,7 @@ class Load:
     def _spawn(self, host: str, argv: list[str], log_path: Path) -> None:
         log = open(log_path, "w")  # noqa: SIM115 - closed in finish/stop
         self.logs.append(log)
-        cmd = ["ip", "netns", "exec", self.net.ns(host), *argv]
+        cmd = self.net.exec_argv(host, argv)
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
 
     def poll(self) -> int | None:

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from reports.compare import summary_of
-from testbed.deployment import versions
+from testbed.manifest import versions
 from testbed.scenario import Scenario
 
 FIGURES = (
