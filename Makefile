@@ -3,7 +3,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff bench-faults soak \
+.PHONY: setup test test-fast lint format bench bench-net bench-transfer bench-handoff bench-faults bench-workers soak \
         bench-wan-sweep bench-paper bench-hetero bench-bathtub bench-mooncake plan clean help
 
 help:            ## list targets
@@ -42,6 +42,9 @@ bench-handoff:   ## 100-token handoff over a lossy WAN: KV shipped vs token ids 
 
 bench-faults:    ## fault matrix on pdd and the baselines: cuts, loss, rate dips, kill -9 (~25 min)
 	$(BIN)/testbed bench-faults faults
+
+bench-workers:   ## default's pdd with Locust as a master and 1, then 2 workers: load CPU per request, harness share of TTFT
+	$(BIN)/testbed bench default --set 'systems=[pdd]' --set 'sweep={workload.workers: [1, 2]}'
 
 soak:            ## 30 min of pdd at 1% WAN loss, 5 ms jitter: failures, every process's RSS growth
 	$(BIN)/testbed soak soak

@@ -11,6 +11,7 @@ from markupsafe import Markup
 
 from protocol.records import write_atomic
 from reports import hetero, plots, summary, ttft
+from reports.harness import harness
 from reports.run_data import RunData, load_run
 from reports.sweeps import confidence, knee
 from reports.tables import all_tables, sweep_table
@@ -64,6 +65,7 @@ def build(run: RunData) -> str:
     }
     html_tables["pacing"] = _html(hetero.pacing(run), "pacing")
     html_tables["cpu_share"] = _html(hetero.cpu_shares(run), "cpu_share")
+    html_tables["harness"] = _html(harness(run), "harness")
     faithful = hetero.faithful(run)
     html_tables["plan"] = _html(hetero.plan(run), "plan")
     if run.emulation:

@@ -7,7 +7,7 @@ Layout written by ``testbed bench``::
             emulation.json, scenario-target.json (emulation mode only)
     RUN_DIR/<system>/records.parquet (or records.jsonl), manifest.json, link_check.json,
                      transfers-*.jsonl, pacing-*.jsonl, locust_stats.csv, server-*.log,
-                     router.log
+                     router.log, client.jsonl (Locust's own timing), cpu.json
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class SystemRun:
     cost: dict = field(default_factory=dict)
     pacing: pd.DataFrame = field(default_factory=pd.DataFrame)
     cpu: list[dict] = field(default_factory=list)  # cpu.json: CPU share per process
+    client: pd.DataFrame = field(default_factory=pd.DataFrame)  # client.jsonl: Locust's view
 
 
 @dataclass
@@ -89,7 +90,10 @@ def load_run(run_dir: Path) -> RunData:
             transfers=pd.DataFrame(transfers),
             cost=json.loads((d / "cost.json").read_text()) if (d / "cost.json").exists() else {},
             pacing=pd.DataFrame(pacing),
-            cpu=json.loads((d / "cpu.json").read_text()) if (d / "cpu.json").exists() else [],
+            cpu=[r for f in ("cpu.json", "locust_cpu.json") for r in _json_rows(d / f)],
+            client=pd.DataFrame(read_jsonl(d / "client.jsonl"))
+            if (d / "client.jsonl").exists()
+            else pd.DataFrame(),
         )
     return RunData(
         run_dir,
@@ -98,6 +102,10 @@ def load_run(run_dir: Path) -> RunData:
         _json(run_dir / "emulation.json"),
         _json(run_dir / "scenario-target.json"),
     )
+
+
+def _json_rows(path: Path) -> list[dict]:
+    return json.loads(path.read_text()) if path.exists() else []
 
 
 def _json(path: Path) -> dict:

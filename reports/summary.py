@@ -17,7 +17,10 @@ and ``summary.csv`` holds the same rows, one per system, a column per field (the
 - ``span_s`` (first arrival to last finish), ``requests_per_s``, ``output_tokens_per_s``;
 - ``sla_attainment`` (share of requests meeting the scenario's SLA),
   ``sla_goodput_rps`` (requests meeting it per second), ``cost_per_hour``, ``bcr``;
-- ``wan_kv_bytes`` (KV bytes that crossed the WAN, from the records).
+- ``wan_kv_bytes`` (KV bytes that crossed the WAN, from the records);
+- ``harness_share_p50`` (median share of the client's TTFT that the load generator and
+  the client→router hop add) and ``load_cpu_ms_per_request`` (Locust's CPU per
+  request), both null when the run has no client timing or CPU accounting.
 
 The JSON Schema is ``reports/summary.schema.json`` (from :class:`Summary`).
 """
@@ -34,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from protocol.metrics import percentile
 from protocol.records import write_atomic
+from reports.harness import harness
 from reports.run_data import RunData
 from reports.tables import goodput_bcr
 
@@ -57,6 +61,8 @@ class _Row(BaseModel):
     cost_per_hour: float | None
     bcr: float | None
     wan_kv_bytes: int = Field(ge=0)
+    harness_share_p50: float | None = None
+    load_cpu_ms_per_request: float | None = None
 
 
 # One row per system: the fields above and <metric>_<stat>_s for every metric and stat.
@@ -89,6 +95,7 @@ def json_schema() -> dict:
 
 def rows(run: RunData) -> list[dict]:
     money = goodput_bcr(run).set_index("system") if run.systems else pd.DataFrame()
+    own = harness(run).set_index("system") if run.systems else pd.DataFrame()
     out = []
     for name, s in run.systems.items():
         r = s.records
@@ -115,6 +122,9 @@ def rows(run: RunData) -> list[dict]:
             row[key] = _number(m.get(key))
         wan = r[r.get("kv_link", pd.Series(index=r.index, dtype=object)) == "wan"]
         row["wan_kv_bytes"] = int(wan["kv_bytes"].fillna(0).sum()) if not wan.empty else 0
+        h = own.loc[name] if name in own.index else {}
+        row["harness_share_p50"] = _number(h.get("harness_share_p50"))
+        row["load_cpu_ms_per_request"] = _number(h.get("load_cpu_ms_per_request"))
         out.append(row)
     return out
 

@@ -12,6 +12,7 @@ import pandas as pd
 from protocol.metrics import PERCENTILES, percentile
 from protocol.records import RequestRecord
 from reports.cost import CostTable, Hardware, bcr, relative_change
+from reports.harness import harness
 from reports.run_data import RunData
 from reports.sla import SLA, attainment, sla_goodput, span_s
 from workloads.analysis import HIT_BINS, hit_bin
@@ -357,6 +358,8 @@ def sweep_table(points: dict[str, RunData], sweep: dict[str, list]) -> pd.DataFr
                 node = node[key]
             values[dotted.rsplit(".", 1)[-1]] = node
         lat, good, wan = latency(run), goodput_bcr(run), wan_bytes(run)
+        cols = ["harness_share_p50", "load_cpu_ms_per_request"]
+        own = {h["system"]: {c: h[c] for c in cols} for _, h in harness(run).iterrows()}
         merged = lat.merge(good, on="system").merge(
             wan[["system", "kv_bytes_mean", "bytes_over_minimum"]]
             if not wan.empty
@@ -377,6 +380,7 @@ def sweep_table(points: dict[str, RunData], sweep: dict[str, list]) -> pd.DataFr
                     "sla_goodput_rps": r["sla_goodput_rps"],
                     "bcr": r["bcr"],
                     "wan_kv_bytes_mean": r["kv_bytes_mean"],
+                    **own.get(r["system"], {}),
                 }
             )
     return pd.DataFrame(rows)

@@ -4,13 +4,19 @@ where the topology has enough (round robin otherwise).
 
 Lifecycle: ``Load(...).start()`` → ``poll()`` until the master (or the single process)
 exits → ``finish()``: the workers are stopped and their records merged into
-``client.jsonl`` (every request once, or an error) — ``stop()`` ends everything early.
+``client.jsonl`` (every request once, or an error), and the CPU seconds of every Locust
+process are written to ``locust_cpu.json`` (the harness's cost in the report) —
+``stop()`` ends everything early.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from testbed.workload_cli import LOCUSTFILE, locust_argv
@@ -49,6 +55,9 @@ class Load:
         return [Path(shard_path(str(main), i, self.workers)) for i in range(self.workers)]
 
     def start(self) -> Load:
+        # Locust's CPU: what the children reaped from here on used (only Locust's
+        # processes end before finish(); the servers and the router end after it)
+        self._started, self._usage = time.monotonic(), _children_cpu_s()
         self._spawn(self.clients[0], self.master_argv, self.out / "locust.log")
         master = self.net.address(self.clients[0])
         for i in range(self.workers):
@@ -87,7 +96,25 @@ class Load:
     def finish(self) -> int:
         """Stop what is left, merge the workers' records; returns the requests."""
         self.stop()
+        self._write_cpu()
         if self.workers:
             return merge_shards(self.out / "client.jsonl", self.workers)
         path = self.out / "client.jsonl"
         return sum(1 for _ in open(path)) if path.exists() else 0
+
+    def _write_cpu(self) -> None:
+        row = {
+            "host": self.clients[0],
+            "pid": self.procs[0].pid,
+            "process": f"Locust (master and {self.workers} workers)" if self.workers else "Locust",
+            "cpus": sorted(os.sched_getaffinity(0)),
+            "cpu_s": round(_children_cpu_s() - self._usage, 3),
+            "wall_s": time.monotonic() - self._started,
+        }
+        row["share"] = row["cpu_s"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
+        (self.out / "locust_cpu.json").write_text(json.dumps([row], indent=2))
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime

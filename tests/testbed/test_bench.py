@@ -14,6 +14,7 @@ from rich.console import Console
 
 from protocol.metrics import TtftPart
 from reports import ttft
+from reports.harness import harness
 from reports.run_data import load_run
 from reports.tables import all_tables
 from testbed.bench.run import run_bench
@@ -33,6 +34,7 @@ SECTIONS = [
     "paper",
     "emulation",
     "links",
+    "harness",
 ]
 
 
@@ -55,6 +57,9 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
         assert (run_dir / system / "manifest.json").exists()
         assert (run_dir / system / "locust_stats.csv").exists()
     run = load_run(run_dir)
+    own = harness(run).set_index("system")  # Locust's CPU and share of TTFT, per system
+    assert (own["locust_processes"] == 1).all() and (own["load_cpu_ms_per_request"] > 0).all()
+    assert own["harness_share_p50"].between(0, 1).all()
     lat = all_tables(run)["latency"].set_index("system")
     assert (lat["requests"] == 4).all() and (lat["errors"] == 0).all()
     assert (run.systems["cross_site_pd"].records["kv_link"] == "wan").all()
