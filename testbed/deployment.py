@@ -287,6 +287,7 @@ class Deployment:
             update={
                 "wan_rate_mbit": wan.rate_mbit,
                 "wan_one_way_s": wan.delay_ms / 1000,
+                "wan_loss_pct": wan.loss_pct,
                 "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
                 "md_cache_tokens": self.scenario.servers.max_total_tokens,
             }

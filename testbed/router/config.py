@@ -31,6 +31,9 @@ class PddConfig(BaseModel):
     wan_rate_mbit: float = Field(100.0, gt=0, description="WAN rate the router plans with.")
     kv_bytes_per_token: int = Field(8192, gt=0, description="KV bytes per token (the model's).")
     wan_one_way_s: float = Field(0.0, ge=0, description="WAN one-way delay the router plans with.")
+    wan_loss_pct: float = Field(
+        0.0, ge=0, lt=100, description="WAN loss the router plans with (bounds one flow's rate)."
+    )
     md_cache_tokens: int = Field(
         65536, gt=0, description="Main decode's KV pool: the most its prefix cache holds."
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.records import TransferRecord
-from testbed.router.wan import WanLine, slow_start_s
+from testbed.router.wan import WanLine, flow_rate_bound, slow_start_s
 
 MB = 1_000_000
 
@@ -118,3 +118,25 @@ def test_a_transfer_no_log_ever_settles_is_dropped_after_a_while():
     line.start(1, 10 * MB)
     clock.now += 10_000
     assert line.predict(0).queued_bytes == 0 and not line.outstanding
+
+
+def test_on_a_lossy_line_one_flow_cannot_fill_it_but_several_share_it():
+    clock = Clock()
+    rate, one_way, loss = 12.5 * MB, 0.01, 0.001  # the default scenario's WAN
+    line = WanLine(rate_bytes_s=rate, one_way_s=one_way, clock=clock, loss=loss)
+    flow = flow_rate_bound(0.02, loss)
+    assert 2.5 * MB < flow < 3 * MB and line.goodput == pytest.approx(flow)
+    assert flow_rate_bound(0.02, 0.0) == float("inf")
+    # A lone 2.5 MB transfer runs at one flow's rate, not the line's (measured: 1.3 s).
+    alone = line.predict(int(2.5 * MB)).seconds
+    assert 2.5 * MB / flow < alone < 2.5 * MB / flow + 0.2
+    # Two flows fit the line side by side: the second is barely slowed by the first.
+    line.start(1, 20 * MB)
+    assert line.predict(int(2.5 * MB)).seconds == pytest.approx(alone)
+    clock.now += 1.0  # the first drained at one flow's rate, not the whole line's
+    assert line.backlog() == pytest.approx(20 * MB - flow, rel=1e-6)
+    # Six flows need more than the line: the new one gets a sixth of it.
+    for room in range(2, 6):
+        line.start(room, 20 * MB)
+    crowded = alone - 2.5 * MB / flow + 6 * 2.5 * MB / rate
+    assert line.predict(int(2.5 * MB)).seconds == pytest.approx(crowded) and crowded > alone
