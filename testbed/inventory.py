@@ -31,6 +31,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from protocol.names import Role
+from testbed.systems import get_system
 from topologies.netns import run
 from topologies.process import HostProcess
 
@@ -106,6 +107,29 @@ class InventorySpec(BaseModel):
 
     def host(self, name: str) -> InventoryHost:
         return next(h for h in self.hosts if h.name == name)
+
+    def check_scenario(self, scenario) -> None:
+        """An inventory's WAN is real and its servers are started by hand: refuse a
+        scenario that asks what the testbed would emulate or launch (ValueError)."""
+        if scenario.emulation is not None:
+            raise ValueError("inventory: emulation paces servers the testbed launches; drop one")
+        if scenario.network.wan_schedule:
+            raise ValueError("inventory: network.wan_schedule needs the emulated WAN")
+        if scenario.servers.tls:
+            raise ValueError("inventory: servers.tls is for launched servers only (for now)")
+        if scenario.servers.frame_auth and self.frame_key_file is None:
+            raise ValueError(
+                "inventory: servers.frame_auth is on, so inventory.frame_key_file must name "
+                "the key the hosts were started with (or set servers.frame_auth: false)"
+            )
+        places = {h.place for h in self.hosts}
+        for name in scenario.systems:
+            for role, place in get_system(name).servers:
+                if place not in places:
+                    raise ValueError(
+                        f"inventory: system {name} runs its {role} on a {place} host; "
+                        f"the inventory has none"
+                    )
 
 
 class LocalHosts:

@@ -24,7 +24,6 @@ from reports.sla import SLA
 from testbed.dilation import EmulationSpec
 from testbed.inventory import InventorySpec
 from testbed.router.config import PddConfig
-from testbed.systems import get_system
 from topologies.spec import NetworkSpec
 
 # Shipped as package data (the checkout's scenarios/ links here); a relative trace path
@@ -290,30 +289,8 @@ class Scenario(BaseModel):
 
     @model_validator(mode="after")
     def _inventory_runs_what_it_can(self) -> Scenario:
-        """An inventory's WAN is real and its servers are started by hand: nothing the
-        testbed would emulate or launch may be asked of it."""
-        inv = self.inventory
-        if inv is None:
-            return self
-        if self.emulation is not None:
-            raise ValueError("inventory: emulation paces servers the testbed launches; drop one")
-        if self.network.wan_schedule:
-            raise ValueError("inventory: network.wan_schedule needs the emulated WAN")
-        if self.servers.tls:
-            raise ValueError("inventory: servers.tls is for launched servers only (for now)")
-        if self.servers.frame_auth and inv.frame_key_file is None:
-            raise ValueError(
-                "inventory: servers.frame_auth is on, so inventory.frame_key_file must name "
-                "the key the hosts were started with (or set servers.frame_auth: false)"
-            )
-        places = {h.place for h in inv.hosts}
-        for name in self.systems:
-            for role, place in get_system(name).servers:
-                if place not in places:
-                    raise ValueError(
-                        f"inventory: system {name} runs its {role} on a {place} host; "
-                        f"the inventory has none"
-                    )
+        if self.inventory is not None:
+            self.inventory.check_scenario(self)
         return self
 
     @model_validator(mode="after")
