@@ -42,6 +42,7 @@ def base_scenario() -> dict:
     data.update(name="test_inventory", systems=["pdd"])
     data["network"]["wan"].update(rate_mbit=100, delay_ms=5, loss_pct=0, jitter_ms=0)
     data["servers"].update(max_total_tokens=20000, cpus={})
+    data["pdd"].update(turn_wait_s=60)  # a turn waits for MD to cache the last: same hits
     data["workload"]["generator"].update(
         sessions=2, turns=[2, 2], anomalous_share=0.0, output_tokens=[8, 16]
     )
@@ -55,10 +56,12 @@ def requests_of(deployment: Deployment) -> list[tuple]:
     history = [rng.randrange(10, 4000) for _ in range(300)]
     out = []
     for turn in range(2):
-        ids = stream(deployment, history, 24, "inv", turn, pins=PIN if turn == 0 else None)
+        pins = PIN if turn == 0 else {headers.PIPELINE: "P->MD"}  # routing is timing's
+        ids = stream(deployment, history, 24, "inv", turn, pins=pins)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            recs = [r for r in read_records(deployment.records_path) if r.turn == turn]
+            path = deployment.records_path
+            recs = [r for r in read_records(path) if r.turn == turn] if path.exists() else []
             if recs:
                 break
             time.sleep(0.2)
