@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 from sglang.srt.disaggregation.base.conn import BaseKVBootstrapServer, BaseKVManager
 
-from engine_patches.kv_transfer.memory import trim_after_transfer
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol import tls
 from protocol.env import Env, kv_timeout
@@ -149,11 +148,6 @@ class TcpKVManager(BaseKVManager):
         for incoming in late:
             _refuse(incoming.conn, room, reason)
         self._expire_parked()  # pooled connections make accepts rare: expire here too
-
-    def transfer_ended(self, record) -> None:
-        """A transfer's last word: its log line, then its buffers back to the OS."""
-        self.log.write(record)
-        trim_after_transfer()
 
     def _accept_loop(self) -> None:
         while True:

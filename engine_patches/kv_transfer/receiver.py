@@ -167,7 +167,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 if self._sock is not None:
                     self._sock.close()
             record.end = time.time()
-            mgr.transfer_ended(record)
+            mgr.log.write(record)
 
     def _connect(self, attempt: int) -> bool:
         """A pooled connection on the first attempt if there is one; True if reused."""

@@ -164,7 +164,7 @@ class _Leg:
         if record is None or record.end is not None:
             return
         record.end, record.status, record.reason = time.time(), status, reason
-        self.sender.kv_mgr.transfer_ended(record)
+        self.sender.kv_mgr.log.write(record)
 
 
 class TcpKVSender(BaseKVSender):

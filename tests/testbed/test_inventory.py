@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.netns]
 
 PLACES = {"p1": "prefill", "rld1": "relay_decode", "md1": "main_decode"}
 AGENT_PORT = 30090
-PIN = {headers.PIPELINE: "P->RLD->MD", headers.HANDOFF_AT: "9", headers.HANDOFF_MODE: "one-shot"}
+PIN = {headers.HANDOFF_AT: "9", headers.HANDOFF_MODE: "one-shot"}
 
 
 def base_scenario() -> dict:
@@ -82,8 +82,7 @@ def managed(tmp_path_factory):
     """The reference: the same scenario, servers launched by the testbed."""
     scenario = Scenario.model_validate(base_scenario())
     with Deployment(scenario, "pdd", tmp_path_factory.mktemp("managed"), "tinvm") as d:
-        got = requests_of(d)
-    return got, md_wire_bytes(d)
+        yield requests_of(d), md_wire_bytes(d)
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +139,8 @@ def test_the_inventory_gives_the_managed_tokens_and_wan_bytes(managed, hosts, tm
     scenario = Scenario.model_validate(hosts)
     with Deployment(scenario, "pdd", tmp_path / "inv") as d:
         got = requests_of(d)
-    wire = md_wire_bytes(d)  # the mirror's last read happened at down()
-    manifest = (tmp_path / "inv" / "manifest.json").read_text()
+        wire = md_wire_bytes(d)
+        manifest = (tmp_path / "inv" / "manifest.json").read_text()
     reference, reference_wire = managed
     assert got == reference  # tokens, pipeline, WAN link, KV and wire bytes
     assert got[0][1] == "P->RLD->MD" and got[0][2] == "wan" and got[0][4] > 0
