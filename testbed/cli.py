@@ -24,6 +24,15 @@ app = typer.Typer(
 model_app = typer.Typer(
     help="Build and inspect the tiny models the testbed serves.", no_args_is_help=True
 )
+
+
+@app.callback()
+def _every_command() -> None:
+    # SIGTERM takes the path Ctrl-C takes (KeyboardInterrupt through the finally
+    # blocks): whatever a command started is torn down, its run marked INCOMPLETE.
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
 app.add_typer(model_app, name="model")
 app.add_typer(net_app, name="net")
 app.add_typer(trace_app, name="trace")
@@ -149,8 +158,6 @@ def bench(
 ) -> None:
     """Every system of the scenario on the same network and trace; HTML report at the end."""
     from testbed.bench.run import run_bench
-
-    signal.signal(signal.SIGTERM, _interrupt)  # a killed bench still tears down
     from testbed.net_cli import fail
     from testbed.scenario import Scenario, ScenarioError
     from topologies.netns import NetworkError
@@ -162,12 +169,9 @@ def bench(
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
     except KeyboardInterrupt:
-        console.print(
-            "[red]interrupted:[/red] the running system's servers, router and network were "
-            "torn down; its directory is marked INCOMPLETE and reports leave it out "
-            "(testbed report RUN_DIR builds one from the systems that finished)"
-        )
-        raise typer.Exit(130) from None
+        raise interrupted(
+            "(testbed report RUN_DIR builds a report from the systems that finished)"
+        ) from None
 
 
 def with_seeds(sc, seeds: int):
@@ -186,6 +190,15 @@ def with_seeds(sc, seeds: int):
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt  # one shutdown path (the finally blocks) for SIGTERM and Ctrl-C
+
+
+def interrupted(more: str = "") -> typer.Exit:
+    """Ctrl-C or SIGTERM ended a run: say what was cleaned up; exit status 130."""
+    console.print(
+        "[red]interrupted:[/red] the running system's servers, router and network were "
+        f"torn down; its directory is marked INCOMPLETE and reports leave it out {more}"
+    )
+    return typer.Exit(130)
 
 
 @app.command()
@@ -251,7 +264,6 @@ def reproduce(
     from testbed.net_cli import fail
     from topologies.netns import NetworkError
 
-    signal.signal(signal.SIGTERM, _interrupt)
     try:
         new_dir, rows = run_again(run_dir, out, console, tolerance, allow_version_drift)
     except (FileNotFoundError, NotReproducible, ValueError) as exc:
@@ -274,7 +286,10 @@ def bench_transfer(
     """KV goodput vs the emulated WAN rate (1-64 MB) and the baselines' TTFT side by side."""
     from testbed.bench import transfer
 
-    transfer.run(out, rate_mbit, console)
+    try:
+        transfer.run(out, rate_mbit, console)
+    except KeyboardInterrupt:
+        raise interrupted() from None
 
 
 @app.command("bench-handoff")
@@ -297,6 +312,8 @@ def bench_handoff(
         handoff.run(sc, out, console, trials, tokens, prompt_tokens)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
+    except KeyboardInterrupt:
+        raise interrupted() from None
 
 
 @app.command("bench-faults")
@@ -318,6 +335,8 @@ def bench_faults(
         rows = faults.run(sc, out, console, faults.FaultsConfig(streams=streams))
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
+    except KeyboardInterrupt:
+        raise interrupted() from None
     if not all(r["meets_targets"] for r in rows):
         raise typer.Exit(1)
 
@@ -341,6 +360,8 @@ def soak(
         result = soak_mod.run(sc, out, console, warmup)
     except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
         raise fail(exc) from exc
+    except KeyboardInterrupt:
+        raise interrupted() from None
     if not all(r["meets_targets"] for r in result["systems"].values()):
         raise typer.Exit(1)
 

@@ -25,6 +25,14 @@ from protocol.names import Role
 from topologies.process import HostProcess
 
 ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)  # the roles SGLang itself knows
+# A prefill server allocates multi-MB buffers of a new size for every prompt length
+# (forward temporaries, KV pages to send). glibc's sliding mmap threshold serves them
+# from its heaps, where they fragment: soak, prefill scheduler RSS +11% in 25 minutes,
+# not returned by a periodic malloc_trim either. A fixed threshold maps each such
+# buffer and returns it at free (soak: +1.2%). Only prefill gets it: on the decoders it
+# made every large torch temporary of every step a fresh mapping (ITL +23%), and their
+# RSS did not grow.
+PREFILL_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_ARENA_MAX": "2"}
 
 
 @functools.cache
@@ -114,13 +122,8 @@ class ServerSpec:
             # each parallel region would steal them from the other servers (measured:
             # TTFT 2-3x worse with two servers on two cores).
             env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        # KV sender and receiver threads allocate page buffers of a few MB, of varying
-        # size, per transfer. glibc's sliding mmap threshold then serves them from
-        # per-thread arenas, where freed pieces fragment and RSS creeps up (soak: the
-        # prefill scheduler +11% in 25 min). A fixed threshold maps such buffers and
-        # returns them at free; two arenas bound the rest.
-        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(1 << 20))
-        env.setdefault("MALLOC_ARENA_MAX", "2")
+        if self.role == Role.PREFILL:
+            env.update(PREFILL_MALLOC_ENV)  # the scenario's extra_env may still override
         env.update(self.extra_env)
         return env
 
