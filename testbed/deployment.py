@@ -36,6 +36,7 @@ from protocol.env import Env
 from protocol.frames import new_frame_key, set_frame_key
 from protocol.names import Role
 from testbed import cpu_share
+from testbed.cpu_share import harness_priority
 from testbed.dilation import for_testbed, pacing_env
 from testbed.inventory import LocalHosts, LogMirror, RemoteServer
 from testbed.manifest import manifest
@@ -344,7 +345,7 @@ class Deployment:
         path.write_text(config.model_dump_json(indent=2))
         self.router = self.net.popen(
             self.router_host,
-            [sys.executable, "-m", "testbed.router", str(path)],
+            [*harness_priority(), sys.executable, "-m", "testbed.router", str(path)],
             self.run_dir / "router.log",
             env={**os.environ, Env.FRAME_KEY: self.frame_key, **self.tls_env},
         )

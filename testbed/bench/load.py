@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.cpu_share import harness_priority
 from testbed.workload_cli import LOCUSTFILE, locust_argv
 from workloads.shards import merge_shards, shard_path
 
@@ -70,7 +71,7 @@ class Load:
     def _spawn(self, host: str, argv: list[str], log_path: Path) -> None:
         log = open(log_path, "w")  # noqa: SIM115 - closed in finish/stop
         self.logs.append(log)
-        cmd = self.net.exec_argv(host, argv)
+        cmd = self.net.exec_argv(host, [*harness_priority(), *argv])
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
 
     def poll(self) -> int | None:
