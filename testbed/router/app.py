@@ -56,6 +56,7 @@ from testbed.router.upstream import Upstream, UpstreamError, lines, read_or_abor
 from testbed.router.validate import Rejected, check_body, check_headers
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
+LATE_PREFILL_S = 60.0  # how long a record waits for P's answer after the stream ended
 INFO = ("/v1/models", "/model_info", "/server_info")  # answered by a server
 OPENAI = (COMPLETIONS, CHAT)  # tokenized at the router, served natively
 logger = logging.getLogger("pdd.router")
@@ -87,6 +88,9 @@ class Router:
             self.relayed = RelayedPipeline(
                 pdd, self.upstream, self.loads, self.transfers, self.after, self.background
             )
+        # id(record) → P's call still running when the client's stream ended (its answer,
+        # with P's prefix hit, is on its way): the record waits for it, off the client's path
+        self.unfinished_prefills = self.relayed.unfinished_prefills if self.relayed else {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.limits.max_body_bytes)
@@ -221,7 +225,7 @@ class Router:
             record.finish = record.finish or time.time()
             if self.after is not None:
                 self.after.after(route, body, record, turn_done)
-            late = self.relayed.unfinished_prefills.pop(id(record), None) if self.relayed else None
+            late = self.unfinished_prefills.pop(id(record), None)
             if late is None:
                 await self._write(route, record)
             else:  # the client is done; P's answer (its prefix hit) comes with its WAN leg
@@ -284,7 +288,11 @@ class Router:
         shutdown: a record is never lost)."""
         try:
             if after is not None:
-                await asyncio.wait({after}, timeout=self.config.pdd.settle_timeout_s)
+                done, _ = await asyncio.wait({after}, timeout=LATE_PREFILL_S)
+                if not done:
+                    after.cancel()
+                elif not after.cancelled():
+                    after.exception()  # retrieved: a failed late answer changes nothing
             await self.transfers.join(route, record)
         finally:
             self.records.write(record)
@@ -308,10 +316,16 @@ class Router:
             self._relay(request, route.stream_from, pd_body, record, abort_if=prefill)
         )
         try:
-            return await decode
-        finally:
-            if not prefill.done():
+            response = await decode
+        except BaseException:
+            prefill.cancel()
+            raise
+        if not prefill.done():  # the stream ended before P's answer came back
+            if record.status == "ok":
+                self.unfinished_prefills[id(record)] = prefill
+            else:
                 prefill.cancel()
+        return response
 
     def _settle_wan(self, log, transfer) -> None:
         """A receiver's log line: if it is a far-site server's, the WAN line learns."""

@@ -82,7 +82,8 @@ def managed(tmp_path_factory):
     """The reference: the same scenario, servers launched by the testbed."""
     scenario = Scenario.model_validate(base_scenario())
     with Deployment(scenario, "pdd", tmp_path_factory.mktemp("managed"), "tinvm") as d:
-        yield requests_of(d), md_wire_bytes(d)
+        got = requests_of(d)
+    return got, md_wire_bytes(d)  # down first: the inventory's hosts need the network
 
 
 @pytest.fixture(scope="module")
