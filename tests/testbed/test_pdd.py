@@ -101,8 +101,9 @@ def test_handoff_streams_are_token_exact(pdd, colocated, mode, size):
     rng = random.Random(f"{mode}-{size}")  # a fresh prompt: nothing cached anywhere
     prompt = [rng.randrange(10, 4000) for _ in range(400)]
     # Time for main decode to catch up with relay decode: the bigger the one-shot extend,
-    # the more room (on a shared, noisy CI core a 201-token takeover once needed > 80).
-    new_tokens = size + max(80, 2 * size)
+    # the more room (on a shared, noisy CI core takeovers once needed more than 80 tokens
+    # past the handoff, for a 201-token one-shot and for a 2-token catch-up alike).
+    new_tokens = size + max(240, 2 * size)
     session = f"exact-{mode}-{size}"
     before = len(handoff_log(pdd))
     pin = {headers.HANDOFF_AT: str(size + 1), headers.HANDOFF_MODE: mode}
