@@ -176,6 +176,7 @@ def bench(
 
 def with_seeds(sc, seeds: int):
     """The scenario as a sweep over ``seeds`` workload seeds (from its own seed on)."""
+    from reports.render import SEED_FIELD
     from testbed.scenario import ScenarioError
 
     if sc.sweep:
@@ -184,7 +185,7 @@ def with_seeds(sc, seeds: int):
         raise ScenarioError("--seeds needs a generated workload (a trace file has no seed)")
     base = int(sc.workload.generator.get("seed", 0))
     workload = sc.workload.model_copy(update={"generator": {**sc.workload.generator, "seed": base}})
-    sweep = {"workload.generator.seed": list(range(base, base + seeds))}
+    sweep = {SEED_FIELD: list(range(base, base + seeds))}
     return sc.model_copy(update={"workload": workload, "sweep": sweep})
 
 

@@ -9,19 +9,31 @@ stored one, byte for byte; run every system; compare the two summaries.
 
 A figure is reproduced when the new value lies within ``tolerance`` (relative) of the
 stored one; latency, goodput and BCR are compared, error counts must not grow.
+
+A repeated run (``bench --seeds N``, a sweep over the workload seed alone) is reproduced
+seed by seed, every point checked before any runs. Its verdict uses the 95% intervals
+instead of the tolerance: a figure is reproduced when the two runs' means differ by no
+more than the interval of their difference (the half-widths combined in quadrature);
+errors, summed over the seeds, must not grow. A sweep over anything else is refused:
+reproduce one of its points.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from protocol.records import write_atomic
 from reports.compare import summary_of
+from reports.render import SEED_FIELD, write_sweep_report
+from reports.sweeps import confidence
 from testbed.manifest import versions
 from testbed.scenario import Scenario
 
@@ -54,6 +66,8 @@ def load_stored(run_dir: Path) -> Stored:
         raise FileNotFoundError(f"{run_dir} is not a bench run directory (no scenario.json)")
     if (run_dir / "sweep.json").exists():
         raise NotReproducible(f"{run_dir} is a sweep: reproduce one of its points")
+    if (run_dir.parent / "sweep.json").exists() and not (run_dir / "summary.json").exists():
+        raise NotReproducible(f"{run_dir} is a sweep point that never completed")
     data = json.loads((run_dir / "scenario.json").read_text())
     systems = data["systems"]
     target = run_dir / "scenario-target.json"
@@ -137,26 +151,98 @@ def verdicts(stored_run: Path, new_run: Path, tolerance: float) -> list[dict]:
     return rows
 
 
+def seed_points(run_dir: Path) -> list[str] | None:
+    """A repeated run's point directories (one per seed); None for a single run."""
+    path = Path(run_dir) / "sweep.json"
+    if not path.exists():
+        return None
+    sweep = json.loads(path.read_text())
+    if list(sweep["sweep"]) != [SEED_FIELD]:
+        raise NotReproducible(
+            f"{run_dir} is a sweep over {', '.join(sweep['sweep'])}: reproduce one of its "
+            "points (only a repeated run, bench --seeds, is reproduced whole)"
+        )
+    return sweep["points"]
+
+
+def _repeated(run_dir: Path, points: list[str]) -> pd.DataFrame:
+    """One row per seed and system: the figures of each point's summary."""
+    rows = []
+    for point in points:
+        for r in summary_of(Path(run_dir) / point)["systems"]:
+            errors = sum(r.get("errors", {}).values())
+            rows.append({"system": r["system"], **{f: r.get(f) for f in FIGURES}, "errors": errors})
+    return pd.DataFrame(rows)
+
+
+def interval_verdicts(stored_run: Path, new_run: Path, points: list[str]) -> list[dict]:
+    """Per system and figure of a repeated run: stored and reproduced means with their
+    95% half-widths; reproduced when the means differ by at most the difference's interval."""
+    before, after = _repeated(stored_run, points), _repeated(new_run, points)
+    old, new = confidence(before, FIGURES), confidence(after, FIGURES)
+    rows = []
+    for _, o in old.iterrows():
+        n = new[new["system"] == o["system"]]
+        for figure in FIGURES:
+            a, ha = o[f"{figure}_mean"], o[f"{figure}_ci95"]
+            b = float(n[f"{figure}_mean"].iloc[0]) if not n.empty else math.nan
+            hb = float(n[f"{figure}_ci95"].iloc[0]) if not n.empty else math.nan
+            bound = math.hypot(ha, hb)
+            ok = not math.isnan(b) and (a == b or abs(b - a) <= bound)
+            rows.append(
+                {
+                    "system": o["system"],
+                    "figure": figure,
+                    "stored": _nan_none(a),
+                    "stored_ci95": _nan_none(ha),
+                    "reproduced": _nan_none(b),
+                    "reproduced_ci95": _nan_none(hb),
+                    "change": (b - a) / abs(a) if a and not math.isnan(b) else None,
+                    "reproduced_ok": ok,
+                }  # fmt: skip
+            )
+        stored_errors = int(before[before["system"] == o["system"]]["errors"].sum())
+        new_errors = int(after[after["system"] == o["system"]]["errors"].sum())
+        rows.append(
+            {
+                "system": o["system"],
+                "figure": "errors",
+                "stored": stored_errors,
+                "reproduced": new_errors if not n.empty else None,
+                "change": None,
+                "reproduced_ok": not n.empty and new_errors <= stored_errors,
+            }  # fmt: skip
+        )
+    return rows
+
+
+def _nan_none(value: float) -> float | None:
+    return None if value is None or math.isnan(value) else float(value)
+
+
 def table(rows: list[dict], tolerance: float) -> Table:
-    t = Table(title=f"stored vs reproduced (reproduced: within {tolerance:.0%})")
+    repeated = any("stored_ci95" in r for r in rows)
+    rule = "means within the 95% interval of their difference" if repeated else None
+    t = Table(title=f"stored vs reproduced (reproduced: {rule or f'within {tolerance:.0%}'})")
     for col in ("system", "figure", "stored", "reproduced", "change", "verdict"):
         t.add_column(col, justify="left" if col in ("system", "figure") else "right")
     for r in rows:
         t.add_row(
             r["system"],
             r["figure"],
-            _fmt(r["stored"]),
-            _fmt(r["reproduced"]),
+            _fmt(r["stored"], r.get("stored_ci95")),
+            _fmt(r["reproduced"], r.get("reproduced_ci95")),
             "-" if r["change"] is None else f"{r['change']:+.1%}",
             "[green]reproduced[/green]" if r["reproduced_ok"] else "[red]not reproduced[/red]",
         )
     return t
 
 
-def _fmt(value) -> str:
+def _fmt(value, ci95: float | None = None) -> str:
     if value is None:
         return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text + (f" ± {ci95:.2g}" if ci95 is not None else "")
 
 
 def reproduce(
@@ -165,8 +251,11 @@ def reproduce(
     from testbed.bench.run import run_point
     from testbed.run_dirs import new_run_dir
 
-    stored = load_stored(run_dir)
-    drift = version_drift(stored.versions)
+    run_dir = Path(run_dir)
+    points = seed_points(run_dir)
+    # Every point is checked before anything runs.
+    stored = [load_stored(run_dir / p) for p in points] if points else [load_stored(run_dir)]
+    drift = version_drift(stored[0].versions)
     if drift and not allow_drift:
         raise NotReproducible(
             "the software differs from the stored run's: "
@@ -175,13 +264,22 @@ def reproduce(
         )
     for line in drift:
         console.print(f"[yellow]version drift:[/yellow] {line}")
-    if not same_trace(stored):
-        raise NotReproducible(
-            f"the scenario's seeds do not regenerate {stored.path / 'trace.jsonl'}: "
-            "a new run would not replay the same load"
-        )
-    new_dir = new_run_dir(Path(out), f"reproduce-{stored.scenario.name}")
-    console.print(f"reproducing {stored.path} into {new_dir}")
-    run_point(stored.scenario, new_dir, stored.systems, console)
-    rows = verdicts(stored.path, new_dir, tolerance)
-    return new_dir, rows
+    for point in stored:
+        if not same_trace(point):
+            raise NotReproducible(
+                f"the scenario's seeds do not regenerate {point.path / 'trace.jsonl'}: "
+                "a new run would not replay the same load"
+            )
+    new_dir = new_run_dir(Path(out), f"reproduce-{stored[0].scenario.name}")
+    console.print(f"reproducing {run_dir} into {new_dir}")
+    if not points:
+        run_point(stored[0].scenario, new_dir, stored[0].systems, console)
+        return new_dir, verdicts(run_dir, new_dir, tolerance)
+    new_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("sweep.json", "scenario.json"):
+        write_atomic(new_dir / name, (run_dir / name).read_text())
+    for i, (label, point) in enumerate(zip(points, stored, strict=True)):
+        console.rule(f"seed {i + 1}/{len(points)}: {label}")
+        run_point(point.scenario, new_dir / label, point.systems, console)
+    write_sweep_report(new_dir)
+    return new_dir, interval_verdicts(run_dir, new_dir, points)

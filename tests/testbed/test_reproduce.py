@@ -57,3 +57,54 @@ def test_reproduce_refuses_other_software_before_running_anything(tmp_path):
     assert not (tmp_path / "new").exists()
     result = CliRunner().invoke(app, ["reproduce", str(tmp_path / "nothing")])
     assert result.exit_code == 2 and "not a bench run directory" in result.output
+
+
+def repeated_run(path, ttfts: list[float]):
+    """A stored ``bench --seeds N`` run: one point per seed, each a complete run."""
+    from testbed.cli import with_seeds
+
+    scenario = with_seeds(Scenario.load("default"), len(ttfts))
+    path.mkdir(parents=True)
+    points = scenario.points()
+    (path / "scenario.json").write_text(scenario.model_dump_json())
+    sweep = {"sweep": scenario.sweep, "points": [label for label, _ in points]}
+    (path / "sweep.json").write_text(json.dumps(sweep))
+    for (label, point), ttft in zip(points, ttfts, strict=True):
+        stored_run(path / label, ttft, point)
+    return path, sweep["points"]
+
+
+def test_a_repeated_run_is_judged_by_its_95_percent_intervals(tmp_path):
+    from testbed.bench.reproduce import interval_verdicts, seed_points
+
+    a, points = repeated_run(tmp_path / "a", [0.20, 0.22, 0.24])
+    assert seed_points(a) == points and len(points) == 3
+    near, _ = repeated_run(tmp_path / "near", [0.23, 0.21, 0.25])
+    far, _ = repeated_run(tmp_path / "far", [0.40, 0.41, 0.42])
+
+    def ttft(rows):
+        return next(r for r in rows if r["system"] == "pdd" and r["figure"] == "ttft_p50_s")
+
+    close = ttft(interval_verdicts(a, near, points))
+    assert close["reproduced_ok"] and close["stored"] == pytest.approx(0.22)
+    assert close["stored_ci95"] == pytest.approx(4.303 * 0.02 / 3**0.5, rel=1e-3)  # t(2)
+    moved = ttft(interval_verdicts(a, far, points))
+    assert not moved["reproduced_ok"] and moved["reproduced"] == pytest.approx(0.41)
+
+
+def test_reproduce_refuses_a_sweep_over_anything_but_the_seed(tmp_path):
+    from testbed.bench.reproduce import NotReproducible, seed_points
+
+    run, _ = repeated_run(tmp_path / "seeds", [0.2, 0.2])
+    (run / "sweep.json").write_text(json.dumps({"sweep": {"network.wan.rate_mbit": [25]}}))
+    with pytest.raises(NotReproducible, match="reproduce one of its points"):
+        seed_points(run)
+
+
+def test_reproduce_checks_every_seed_before_running_anything(tmp_path):
+    run, points = repeated_run(tmp_path / "seeds", [0.2, 0.2])
+    (run / points[1] / "trace.jsonl").write_text("{}\n")  # the second seed's trace differs
+    args = ["reproduce", str(run), "--out", str(tmp_path / "new"), "--allow-version-drift"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and points[1] in result.output
+    assert not (tmp_path / "new").exists()
