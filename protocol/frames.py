@@ -20,6 +20,7 @@ import hmac
 import os
 import socket
 import struct
+from pathlib import Path
 
 from protocol.env import Env
 
@@ -89,6 +90,18 @@ def set_frame_key(key: bytes | None) -> None:
 def new_frame_key() -> str:
     """A fresh per-deployment key, hex, for ``Env.FRAME_KEY``."""
     return os.urandom(32).hex()
+
+
+def read_frame_key(path: Path) -> str:
+    """A frame key file's hex key (``testbed key`` writes one); ValueError naming the
+    file if it cannot be read or is not one."""
+    try:
+        text = Path(path).read_text().strip()
+        if len(bytes.fromhex(text)) < 16:
+            raise ValueError("shorter than 16 bytes")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a frame key ({exc})") from None
+    return text
 
 
 def _mac(head: bytes, parts) -> bytes:

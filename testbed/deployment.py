@@ -33,10 +33,9 @@ from pathlib import Path
 import httpx
 
 from protocol.env import Env
-from protocol.frames import new_frame_key, set_frame_key
+from protocol.frames import new_frame_key, read_frame_key, set_frame_key
 from protocol.names import Role
 from testbed import cpu_share
-from testbed.cpu_share import harness_priority
 from testbed.dilation import for_testbed, pacing_env
 from testbed.inventory import LocalHosts, LogMirror, RemoteServer
 from testbed.manifest import manifest
@@ -86,7 +85,7 @@ class Deployment:
         # Handed to the servers and the router only (never written to the run directory)
         self.frame_key = new_frame_key() if scenario.servers.frame_auth else ""
         if inventory is not None and scenario.servers.frame_auth:  # the hosts' key
-            self.frame_key = inventory.frame_key_file.read_text().strip()
+            self.frame_key = read_frame_key(inventory.frame_key_file)
         self.tls_env: dict[str, str] = {}  # servers.tls: the certificate's paths, once made
 
     @property
@@ -345,7 +344,7 @@ class Deployment:
         path.write_text(config.model_dump_json(indent=2))
         self.router = self.net.popen(
             self.router_host,
-            [*harness_priority(), sys.executable, "-m", "testbed.router", str(path)],
+            [*cpu_share.harness_priority(), sys.executable, "-m", "testbed.router", str(path)],
             self.run_dir / "router.log",
             env={**os.environ, Env.FRAME_KEY: self.frame_key, **self.tls_env},
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from protocol.frames import read_frame_key
 from protocol.names import Role
 from testbed.agent import key_fingerprint, model_hash, versions
 from testbed.systems import get_system
@@ -96,7 +97,7 @@ def check_inventory(scenario) -> list[HostCheck]:
     inv = scenario.inventory
     key = ""
     if scenario.servers.frame_auth:
-        key = inv.frame_key_file.read_text().strip()
+        key = read_frame_key(inv.frame_key_file)
     local_hash, local_versions = model_hash(scenario.model.resolve()), versions()
     relayed = any(get_system(name).relayed for name in scenario.systems)
     checks = []

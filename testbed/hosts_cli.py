@@ -35,13 +35,12 @@ def resolve_model(model: Path | None) -> Path:
 
 def read_frame_key(path: Path) -> str:
     """A frame key file's hex key; a clear error if it is not one."""
+    from protocol.frames import read_frame_key as read
+
     try:
-        text = path.read_text().strip()
-        if len(bytes.fromhex(text)) < 16:
-            raise ValueError("shorter than 16 bytes")
-    except (OSError, ValueError) as exc:
-        raise typer.BadParameter(f"{path}: not a frame key ({exc})") from None
-    return text
+        return read(path)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def key(out: Path = typer.Argument(..., help="File to write the new key to (mode 600).")) -> None:

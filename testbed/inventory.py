@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from protocol.frames import read_frame_key
 from protocol.names import Role
 from testbed.systems import get_system
 from topologies.netns import run
@@ -122,6 +123,8 @@ class InventorySpec(BaseModel):
                 "inventory: servers.frame_auth is on, so inventory.frame_key_file must name "
                 "the key the hosts were started with (or set servers.frame_auth: false)"
             )
+        if scenario.servers.frame_auth:
+            read_frame_key(self.frame_key_file)  # ValueError naming the file
         places = {h.place for h in self.hosts}
         for name in scenario.systems:
             for role, place in get_system(name).servers:
@@ -250,10 +253,9 @@ class RemoteServer:
         )
 
     def kv_pool_tokens(self) -> int | None:
-        from testbed.server import _find_key
+        from testbed.server import kv_pool_tokens
 
-        info = httpx.get(f"{self.spec.url}/server_info", timeout=10).json()
-        return _find_key(info, "max_total_num_tokens")
+        return kv_pool_tokens(self.spec.url)
 
     def describe(self) -> dict:
         return {"started": "by hand (inventory)", "agent": self.agent_info}

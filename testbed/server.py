@@ -220,10 +220,7 @@ class SGLangServer:
         )
 
     def kv_pool_tokens(self) -> int | None:
-        """The KV pool SGLang actually allocated (it can be below --max-total-tokens
-        when the memory budget is smaller); None if the server does not say."""
-        info = httpx.get(f"{self.spec.url}/server_info", timeout=10).json()
-        return _find_key(info, "max_total_num_tokens")
+        return kv_pool_tokens(self.spec.url)
 
     def stop(self, grace: float = 20.0) -> int | None:
         """Terminate the server and every process in its group; returns its exit status."""
@@ -234,6 +231,13 @@ class SGLangServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def kv_pool_tokens(url: str) -> int | None:
+    """The KV pool an SGLang server at ``url`` actually allocated (it can be below
+    --max-total-tokens when the memory budget is smaller); None if it does not say."""
+    info = httpx.get(f"{url}/server_info", timeout=10).json()
+    return _find_key(info, "max_total_num_tokens")
 
 
 def _find_key(data, key: str):

@@ -4,13 +4,13 @@ and what a server answers about itself (/v1/models, /model_info, /server_info,
 
 Per request: admission (``max_in_flight``) → headers and body checked
 (:mod:`validate`) → text and OpenAI requests tokenized (:mod:`tokens`, :mod:`openai`)
-→ the policy picks a route among the healthy servers (:mod:`health`) → for P/D
-routes, inject the bootstrap fields and POST prefill and decode together → relay the
-decode stream to the client, timing every token → write exactly one RequestRecord
+→ the policy picks a route among the healthy servers (:mod:`health`) → the route's
+pipeline serves it: colocated and P/D in :mod:`testbed.router.direct` (prefill and
+decode posted together, the decode stream relayed to the client, every token timed),
+PDD's P->RLD->MD in :mod:`testbed.router.relay` → write exactly one RequestRecord
 (KV bytes joined from the transfer log), whatever happened. A prefill failure cancels
 the decode request and reaches the client as an error; any failure after the stream
-started is an SSE error event and the stream's end. PDD's relayed pipeline
-(P->RLD->MD) is :mod:`testbed.router.relay`.
+started is an SSE error event and the stream's end.
 
 Lifecycle: ``Router(config).app()`` → on startup the upstream sessions open and the
 health checks start → requests → on cleanup background work is cancelled and the
@@ -32,7 +32,7 @@ from protocol import headers
 from protocol.names import Pipeline, Role
 from protocol.records import JsonlWriter, RequestRecord
 from protocol.rooms import new_room
-from protocol.stream import Chunk, OutputStream, error_body
+from protocol.stream import error_body
 from testbed.router import server_info
 from testbed.router.after import AfterRequest
 from testbed.router.client_stream import (
@@ -40,11 +40,9 @@ from testbed.router.client_stream import (
     STREAM,
     answer_error,
     client_gone,
-    client_left,
-    client_line,
-    upstream_path,
 )
-from testbed.router.config import RouterConfig, ServerEntry
+from testbed.router.config import RouterConfig
+from testbed.router.direct import DirectPipeline
 from testbed.router.health import Health
 from testbed.router.live import LiveStats
 from testbed.router.openai import CHAT, COMPLETIONS, OpenAIFront
@@ -52,7 +50,7 @@ from testbed.router.policies import Loads, PddPolicy, Route, make_policy
 from testbed.router.relay import RelayedPipeline
 from testbed.router.tokens import RouterTokenizer
 from testbed.router.transfers import TransferIndex
-from testbed.router.upstream import Upstream, UpstreamError, lines, read_or_abort, record_answer
+from testbed.router.upstream import Upstream, UpstreamError
 from testbed.router.validate import Rejected, check_body, check_headers
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
@@ -80,17 +78,24 @@ class Router:
         self.live = LiveStats()
         self.health_checks: Health | None = None
         self.tokenizer = RouterTokenizer(config.tokenizer) if config.tokenizer else None
+        # id(record) → P's call still running when the client's stream ended (its answer,
+        # with P's prefix hit, is on its way): the record waits for it, off the client's path
+        self.unfinished_prefills: dict[int, asyncio.Task] = {}
+        self.direct = DirectPipeline(self.upstream, self.unfinished_prefills)
         self.after: AfterRequest | None = None
         self.relayed: RelayedPipeline | None = None
         if isinstance(self.policy, PddPolicy):
             pdd = self.policy.pdd
             self.after = AfterRequest(pdd, self.policy.mirror, self.upstream)
             self.relayed = RelayedPipeline(
-                pdd, self.upstream, self.loads, self.transfers, self.after, self.background
+                pdd,
+                self.upstream,
+                self.loads,
+                self.transfers,
+                self.after,
+                self.background,
+                self.unfinished_prefills,
             )
-        # id(record) → P's call still running when the client's stream ended (its answer,
-        # with P's prefix hit, is on its way): the record waits for it, off the client's path
-        self.unfinished_prefills = self.relayed.unfinished_prefills if self.relayed else {}
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.config.limits.max_body_bytes)
@@ -216,7 +221,9 @@ class Router:
         for name in busy:
             self.loads.in_flight[name] += 1
         try:
-            return await self._serve(request, body, route, record)
+            if route.pipeline == Pipeline.P_RLD_MD:
+                return await self.relayed.serve(request, body, route, record)
+            return await self.direct.serve(request, body, route, record)
         except Exception as exc:  # one answer, one record, never a second response
             return await self._failed(request, record, exc)
         finally:
@@ -298,35 +305,6 @@ class Router:
             self.records.write(record)
             self.live.add(record)
 
-    async def _serve(self, request, body, route: Route, record: RequestRecord):
-        if route.prefill is None:
-            return await self._relay(request, route.stream_from, body, record)
-        if route.pipeline == Pipeline.P_RLD_MD:
-            return await self.relayed.serve(request, body, route, record)
-        pd_body = {
-            **body,
-            "bootstrap_host": route.prefill.host,
-            "bootstrap_port": route.prefill.bootstrap_port,
-            "bootstrap_room": record.room,
-        }
-        prefill = asyncio.create_task(
-            self.upstream.prefill(route.prefill, upstream_path(request), pd_body, record)
-        )
-        decode = asyncio.create_task(
-            self._relay(request, route.stream_from, pd_body, record, abort_if=prefill)
-        )
-        try:
-            response = await decode
-        except BaseException:
-            prefill.cancel()
-            raise
-        if not prefill.done():  # the stream ended before P's answer came back
-            if record.status == "ok":
-                self.unfinished_prefills[id(record)] = prefill
-            else:
-                prefill.cancel()
-        return response
-
     def _settle_wan(self, log, transfer) -> None:
         """A receiver's log line: if it is a far-site server's, the WAN line learns."""
         if self.policy.wan is not None and log in self._wan_logs:
@@ -343,77 +321,3 @@ class Router:
         crosses = route.prefill is not None and route.kv_server.site != route.prefill.site
         if crosses and route.wan.own_bytes and self.policy.wan is not None:
             self.policy.wan.start(record.room, route.wan.own_bytes)
-
-    async def _relay(
-        self,
-        request,
-        server: ServerEntry,
-        body: dict,
-        record: RequestRecord,
-        abort_if: asyncio.Task | None = None,
-    ) -> web.StreamResponse:
-        """Pass one server's response through to the client, timing every token."""
-        response: web.StreamResponse | None = None
-        # A PD decode server answers only once it has the KV: if the prefill fails
-        # first, fail now instead of when the transfer times out. A client that leaves
-        # a non-streamed request closes the upstream call too (SGLang then aborts it).
-        left = None if body.get("stream") else asyncio.ensure_future(client_left(request))
-        try:
-            path = upstream_path(request)
-            posted = read_or_abort(self.upstream.post(server, path, body), abort_if)
-            upstream = await read_or_abort(posted, left)
-        except BaseException:
-            if left is not None:
-                left.cancel()
-            raise
-        try:
-            if not body.get("stream") or upstream.status != 200:
-                text = await read_or_abort(read_or_abort(upstream.text(), abort_if), left)
-                record.finish = time.time()
-                record_answer(record, text, upstream.status)
-                front = request.get(FRONT)
-                if front is not None and upstream.status == 200:
-                    return web.json_response(front.final(json.loads(text)))
-                return web.Response(
-                    text=text, status=upstream.status, content_type=upstream.content_type
-                )
-            response = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream"})
-            await response.prepare(request)
-            request[STREAM] = response
-            out = OutputStream(native=upstream_path(request) == "/generate")
-            try:
-                async for line in lines(upstream, abort_if):
-                    now = time.time()
-                    chunk = Chunk.parse(line)
-                    new = out.feed(chunk)
-                    if new:
-                        record.token_times.extend([now] * new)
-                        record.first_token = record.first_token or now
-                    if sent := client_line(request, chunk):
-                        await response.write(sent)
-                if not out.done and not out.error:  # no finish, no [DONE]: cut short
-                    raise UpstreamError(f"{server.name}'s stream ended before the request did")
-                await response.write_eof()
-            except ConnectionError as exc:
-                if not client_gone(request):
-                    raise UpstreamError(f"{server.name}: {exc!r}") from exc
-                # The client left. After the last token that is normal (it stops reading
-                # at [DONE]); before it, the request did not complete.
-                if not out.done:
-                    record.status, record.error = "client_cancelled", "client disconnected"
-            finally:
-                record.prompt_tokens = out.prompt_tokens
-                if record.prefill_server is None and out.cached_tokens is not None:
-                    record.cached_tokens_prefill = out.cached_tokens  # colocated: one server
-                record.output_tokens, record.output_ids = out.tokens, out.ids
-            if out.error:
-                record.status, record.error = "upstream_error", out.error
-            record.finish = time.time()
-            return response
-        except UpstreamError as exc:
-            record.status, record.error = "upstream_error", str(exc)[:500]
-            return await answer_error(request, str(exc), 502, "upstream_error")
-        finally:
-            upstream.release()  # not read to its end (client gone): the connection closes
-            if left is not None:
-                left.cancel()

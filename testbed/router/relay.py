@@ -60,13 +60,14 @@ class RelayedPipeline:
         transfers: TransferIndex,
         after: AfterRequest,
         background: Callable[..., asyncio.Task],
+        unfinished_prefills: dict[int, asyncio.Task],
     ) -> None:
         self.pdd, self.knobs = pdd, Knobs.of(pdd)
         self.upstream, self.loads, self.transfers = upstream, loads, transfers
         self.after, self.background = after, background
-        # id(record) → the prefill call still running after relay decode finished the
-        # request (P answers once its WAN leg ends): the record waits for its answer.
-        self.unfinished_prefills: dict[int, asyncio.Task] = {}
+        # The router's: id(record) → the prefill call still running after relay decode
+        # finished the request (P answers once its WAN leg ends); the record waits for it.
+        self.unfinished_prefills = unfinished_prefills
 
     async def serve(
         self, request: web.Request, body: dict, route: Route, record: RequestRecord

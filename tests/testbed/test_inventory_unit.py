@@ -96,6 +96,10 @@ def load(tmp_path, data: dict) -> Scenario:
     [
         ({"systems": ["pdd"], "inventory": inventory()}, "frame_key_file"),
         (
+            {"systems": ["pdd"], "inventory": inventory(frame_key_file="/etc/hostname")},
+            "/etc/hostname: not a frame key",
+        ),
+        (
             {
                 "systems": ["pdd"],
                 "servers": {"frame_auth": False},

@@ -82,6 +82,20 @@ def test_rates_above_1000_mbit_are_applied(make_network):
     assert "rate 2Gbit" in qdisc
 
 
+def test_the_delay_daemon_runs_above_every_normal_task_and_says_so(make_network):
+    net = make_network(LinkSpec(delay_ms=5))
+    if net.backend_name != "userspace":
+        pytest.skip(f"the {net.backend_name} backend delays in the kernel (no daemon)")
+    from topologies.emulation.userspace import realtime_prefix
+
+    (link,) = net.applied
+    policies = {os.sched_getscheduler(pid) for pid in link.daemon_pids}
+    if realtime_prefix():  # where this machine allows real-time scheduling
+        assert policies == {os.SCHED_FIFO} and "real-time FIFO" in link.mechanisms["delay_ms"]
+    else:
+        assert policies == {os.SCHED_OTHER} and "no real-time" in link.mechanisms["delay_ms"]
+
+
 def test_backend_is_recorded_per_parameter(make_network):
     net = make_network(LinkSpec(rate_mbit=100, delay_ms=5, jitter_ms=1, loss_pct=0.5))
     (link,) = net.applied
