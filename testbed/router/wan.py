@@ -83,10 +83,11 @@ class _Outstanding:
 
 
 class _Fit:
-    """y = overhead + x / goodput, fitted by exponentially weighted least squares."""
+    """y = overhead + x / goodput, fitted by exponentially weighted least squares; the
+    goodput never above ``cap`` (a flow cannot outrun the line it is on)."""
 
-    def __init__(self, rate: float, overhead: float, weight: float) -> None:
-        self.weight = weight
+    def __init__(self, rate: float, overhead: float, weight: float, cap: float) -> None:
+        self.weight, self.cap = weight, cap
         self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
         scale = max(rate * 0.1, 1.0)  # seed: two points on the configured line
         for x in (0.0, scale):
@@ -105,8 +106,8 @@ class _Fit:
         slope = (self.sxy / self.n - self.sx * self.sy / self.n**2) / var
         if slope <= 0:
             return  # not enough spread in sizes yet: keep the last estimate
-        self.goodput = 1 / slope
-        self.overhead = max(0.0, self.sy / self.n - slope * self.sx / self.n)
+        self.goodput = min(1 / slope, self.cap)
+        self.overhead = max(0.0, self.sy / self.n - self.sx / self.n / self.goodput)
 
 
 class WanLine:
@@ -121,7 +122,7 @@ class WanLine:
         self.rtt = 2 * one_way_s
         self.rate = float(rate_bytes_s)  # the line as configured
         self.flow_seed = min(self.rate, flow_rate_bound(self.rtt, loss))
-        self.fit = _Fit(self.flow_seed, one_way_s, weight)
+        self.fit = _Fit(self.flow_seed, one_way_s, weight, cap=self.rate)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self._as_of = clock()
@@ -133,8 +134,9 @@ class WanLine:
 
     @property
     def line_rate(self) -> float:
-        """What the line carries in all: the configured rate, scaled as the fit moved."""
-        return self.rate * self.fit.goodput / self.flow_seed
+        """What the line carries in all: the configured rate, scaled down as the fit
+        fell below its seed (flows faster than the loss bound say nothing of the line)."""
+        return self.rate * min(1.0, self.fit.goodput / self.flow_seed)
 
     def _drain(self, now: float) -> None:
         """Advance the fluid model to ``now``: active transfers share the goodput."""

@@ -140,3 +140,14 @@ def test_on_a_lossy_line_one_flow_cannot_fill_it_but_several_share_it():
         line.start(room, 20 * MB)
     crowded = alone - 2.5 * MB / flow + 6 * 2.5 * MB / rate
     assert line.predict(int(2.5 * MB)).seconds == pytest.approx(crowded) and crowded > alone
+
+
+def test_no_flow_and_no_line_outrun_the_configured_rate():
+    clock = Clock()
+    rate = 12.5 * MB  # lossy: the seed is one flow's bound, below the line
+    line = WanLine(rate_bytes_s=rate, one_way_s=0.01, clock=clock, loss=0.001, weight=0.5)
+    for room, size in enumerate((MB // 10, 2 * MB, MB // 10, 2 * MB, MB // 10, 2 * MB)):
+        line.start(room, size)  # lucky transfers, no loss: faster than the line itself
+        line.settle(room, settled(room, size, 0.02 + size / (30 * MB)))
+    assert line.goodput == pytest.approx(rate) and line.line_rate == pytest.approx(rate)
+    assert line.predict(4 * MB).seconds >= 4 * MB / rate
