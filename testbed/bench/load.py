@@ -5,7 +5,8 @@ where the topology has enough (round robin otherwise).
 Lifecycle: ``Load(...).start()`` → ``poll()`` until the master (or the single process)
 exits → ``finish()``: the workers are stopped and their records merged into
 ``client.jsonl`` (every request once, or an error), and the CPU seconds of every Locust
-process are written to ``locust_cpu.json`` (the harness's cost in the report) —
+process (each under :mod:`workloads.cpu_meter`) go to ``locust_cpu.json`` (the
+harness's cost in the report) —
 ``stop()`` ends everything early.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -56,9 +56,7 @@ class Load:
         return [Path(shard_path(str(main), i, self.workers)) for i in range(self.workers)]
 
     def start(self) -> Load:
-        # Locust's CPU: what the children reaped from here on used (only Locust's
-        # processes end before finish(); the servers and the router end after it)
-        self._started, self._usage = time.monotonic(), _children_cpu_s()
+        self._started = time.monotonic()
         self._spawn(self.clients[0], self.master_argv, self.out / "locust.log")
         master = self.net.address(self.clients[0])
         for i in range(self.workers):
@@ -71,7 +69,14 @@ class Load:
     def _spawn(self, host: str, argv: list[str], log_path: Path) -> None:
         log = open(log_path, "w")  # noqa: SIM115 - closed in finish/stop
         self.logs.append(log)
-        cmd = self.net.exec_argv(host, [*harness_priority(), *argv])
+        meter = [
+            sys.executable,
+            "-m",
+            "workloads.cpu_meter",
+            str(self._meter(len(self.procs))),
+            "--",
+        ]
+        cmd = self.net.exec_argv(host, [*harness_priority(), *meter, *argv])
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
 
     def poll(self) -> int | None:
@@ -103,19 +108,29 @@ class Load:
         path = self.out / "client.jsonl"
         return sum(1 for _ in open(path)) if path.exists() else 0
 
+    def _meter(self, index: int) -> Path:
+        """Where the CPU meter of Locust process ``index`` writes what it used."""
+        return self.out / f".locust-cpu-{index}.json"
+
     def _write_cpu(self) -> None:
+        """The CPU of every Locust process (each measured by its own meter: nothing
+        else the harness runs meanwhile is counted); one that wrote nothing is named."""
+        cpu_s, missing = 0.0, []
+        for i in range(len(self.procs)):
+            try:
+                cpu_s += json.loads(self._meter(i).read_text())["cpu_s"]
+                self._meter(i).unlink()
+            except (OSError, ValueError, KeyError):
+                missing.append(i)
         row = {
             "host": self.clients[0],
             "pid": self.procs[0].pid,
             "process": f"Locust (master and {self.workers} workers)" if self.workers else "Locust",
             "cpus": sorted(os.sched_getaffinity(0)),
-            "cpu_s": round(_children_cpu_s() - self._usage, 3),
+            "cpu_s": round(cpu_s, 3),
             "wall_s": time.monotonic() - self._started,
         }
+        if missing:
+            row["not_measured"] = [f"process {i}: its CPU meter wrote nothing" for i in missing]
         row["share"] = row["cpu_s"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
         (self.out / "locust_cpu.json").write_text(json.dumps([row], indent=2))
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
