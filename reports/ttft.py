@@ -65,7 +65,13 @@ def breakdown(run: RunData) -> pd.DataFrame:
 
 def prediction_error(run: RunData) -> pd.DataFrame:
     """Per system: the router's predicted WAN time of each request's KV against the
-    transfer's measured first-to-last-byte time (only transfers that moved bytes)."""
+    transfer's measured first-to-last-byte time (only transfers that moved bytes).
+
+    ``lone_spread_p90_p10``: transfers of the same size that had the line to
+    themselves (sizes seen at least three times), each measured time over its size's
+    median, P90/P10 — how much transfers the router cannot tell apart vary (random
+    loss, tail-loss timeouts, the servers' CPU): a floor under the error that no
+    prediction from size and backlog can go below."""
     rows = []
     for name, s in run.systems.items():
         r = s.records
@@ -75,6 +81,15 @@ def prediction_error(run: RunData) -> pd.DataFrame:
         if both.empty:
             continue
         err = (both["predicted_wan_s"] - both["kv_transfer_s"]).abs() / both["kv_transfer_s"]
+        queued = both.get("wan_queued_bytes", pd.Series(0, index=both.index)).fillna(0)
+        lone = both[queued == 0]
+        by_size = lone.groupby("kv_bytes")["kv_transfer_s"]
+        relative = (lone["kv_transfer_s"] / by_size.transform("median"))[
+            by_size.transform("count") >= 3
+        ]
+        spread = (
+            percentile(relative, 90) / percentile(relative, 10) if len(relative) >= 5 else np.nan
+        )
         rows.append(
             {
                 "system": name,
@@ -84,6 +99,7 @@ def prediction_error(run: RunData) -> pd.DataFrame:
                 "predicted_mean_s": both["predicted_wan_s"].mean(),
                 "measured_mean_s": both["kv_transfer_s"].mean(),
                 "queued_mb_mean": both.get("wan_queued_bytes", pd.Series(dtype=float)).mean() / 1e6,
+                "lone_spread_p90_p10": spread,
             }
         )
     return pd.DataFrame(rows)

@@ -3,6 +3,7 @@ the records stand in for what a router would have written."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -83,3 +84,29 @@ def test_prediction_error_and_regret_tables():
     # r0: 2.3 s against 0.1 + (0.05 LAN + 0.1 first step) = 0.25 s → 2.05 s lost; r1: none
     assert reg["requests"] == 2 and reg["share_with_regret"] == 0.5
     assert reg["regret_mean_s"] == pytest.approx(2.05 / 2, abs=0.01)
+
+
+def test_the_spread_of_same_size_lone_transfers_bounds_what_prediction_can_do():
+    def wan(i, seconds, nbytes=270_336, queued=0):
+        return rec(
+            i,
+            "P->MD",
+            101.0,
+            kv_link="wan",
+            predicted_wan_s=0.1,
+            kv_transfer_s=seconds,
+            kv_bytes=nbytes,
+            wan_queued_bytes=queued,
+        )
+
+    # Five lone transfers of one size: four at 0.1 s, one hit by a tail-loss timeout.
+    same = [wan(i, s) for i, s in enumerate((0.1, 0.1, 0.1, 0.1, 0.3))]
+    others = [wan(5, 2.0, nbytes=10_000_000), wan(6, 9.0, queued=5_000_000)]  # not compared
+    run = RunData(
+        path=None,
+        scenario={},
+        systems={"pdd": SystemRun("pdd", pd.DataFrame(same + others), {})},
+    )
+    err = ttft.prediction_error(run).iloc[0]
+    assert err["transfers"] == 7
+    assert err["lone_spread_p90_p10"] == pytest.approx(np.percentile([1, 1, 1, 1, 3], 90))
