@@ -5,9 +5,11 @@ the chips it stands for; otherwise it runs late (a *miss*) and the system decode
 prefills slower than the chips. Calibration runs a short slice of the scenario's own
 load on one system (pdd where the scenario has it: all three roles, contending for
 their cores as in the run) at the configured k, reads every server's pacing log, and
-takes, per server and kind of pass, the 99th percentile of real / modelled time: the
-k that pass kind needs. The run then uses the largest of these times a margin,
-rounded up. Recorded in ``emulation.json`` (``calibration``).
+takes, per server and kind of pass, the 99th percentile of real / modelled time over
+the load's passes (not the warm-up's: a server's first passes of a shape are slow
+once, and a handful of them would set k): the k that pass kind needs. The run then
+uses the largest of these times a margin, rounded up. Recorded in ``emulation.json``
+(``calibration``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,14 @@ def needed(pacing: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({"passes": grouped.size(), "needed_k": grouped.quantile(QUANTILE)})
 
 
+def load_start(system_dir: Path) -> float:
+    """When the calibration's load began: its first request's arrival (the warm-up
+    requests' records are kept apart); minus infinity if there is no record."""
+    path = system_dir / "records.jsonl"
+    arrivals = [r["arrival"] for r in read_jsonl(path) if "arrival" in r] if path.exists() else []
+    return min(arrivals, default=float("-inf"))
+
+
 def calibrate(target, tiny_kv: int, run_dir: Path, console, run_system) -> dict:
     """Run the calibration slice; returns what it found and the dilation to use."""
     spec = target.emulation
@@ -44,10 +54,12 @@ def calibrate(target, tiny_kv: int, run_dir: Path, console, run_system) -> dict:
         f"calibration: {spec.calibration_requests} requests on {system} at k = {spec.dilation:g}"
     )
     run_system(scenario, system, trace, out, console)
+    start = load_start(out / system)
     rows = [
         {**data, "server": p.stem.removeprefix("pacing-")}
         for p in sorted((out / system).glob("pacing-*.jsonl"))
         for data in read_jsonl(p)
+        if data.get("time", start) >= start
     ]
     if not rows:
         raise RuntimeError(f"calibration: no paced passes logged in {out / system}")

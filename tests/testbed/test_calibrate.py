@@ -24,3 +24,11 @@ def test_the_chosen_dilation_replaces_the_scenarios():
     hetero = Scenario.load("hetero")
     assert hetero.emulation.calibrate
     assert with_dilation(hetero, 77).emulation.dilation == 77
+
+
+def test_the_load_starts_at_its_first_request_and_warm_up_passes_come_before(tmp_path):
+    from testbed.bench.calibrate import load_start
+
+    assert load_start(tmp_path) == float("-inf")  # no records: every pass counts
+    (tmp_path / "records.jsonl").write_text('{"arrival": 12.0}\n{"arrival": 10.5}\n')
+    assert load_start(tmp_path) == 10.5
