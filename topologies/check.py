@@ -50,11 +50,19 @@ class PingStats:
     mdev_ms: float
 
 
-def ping(net: Network, src: str, dst: str, count: int = PINGS, interval: float = 0.02) -> PingStats:
+def ping(
+    net: Network,
+    src: str,
+    dst: str,
+    count: int = PINGS,
+    interval: float = 0.02,
+    wait_s: float = 2.0,
+) -> PingStats:
+    argv = ["ping", "-q", "-c", str(count), "-i", f"{interval:g}", "-W", f"{wait_s:g}"]
     out = net.run(
         src,
-        ["ping", "-q", "-c", str(count), "-i", str(interval), "-W", "2", net.address(dst)],
-        timeout=count * interval + 30,
+        [*argv, net.address(dst)],
+        timeout=count * interval + wait_s + 30,
         check=False,
     ).stdout
     sent, received = map(int, re.search(r"(\d+) packets transmitted, (\d+) received", out).groups())
@@ -112,7 +120,12 @@ def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
     if b_hosts:
         src, dst = a_hosts[0], b_hosts[0]
         link = f"WAN {src}->{dst}"
-        stats = ping(net, src, dst, count=PINGS)
+        # Pings further apart than the jitter's range, so that no ping waits behind the
+        # one before (delayd never reorders: closer packets would see less jitter and
+        # more delay than configured, as under time dilation's tens of ms of jitter).
+        interval = max(0.02, 2.5 * wan.jitter_ms / 1000)
+        wait_s = max(2.0, 2 * (wan.rtt_ms + 4 * wan.jitter_ms) / 1000)
+        stats = ping(net, src, dst, count=PINGS, interval=interval, wait_s=wait_s)
         expected_mdev = wan.expected_rtt_mdev_ms
         # The mean of PINGS jittered samples wanders by mdev / sqrt(PINGS): allow three
         # of those (it matters with tens of ms of jitter, as under time dilation).
