@@ -25,6 +25,8 @@ from capacity.pacing import Pacing
 from capacity.profiles import devices, models
 from protocol.env import Env
 
+MAX_STOP_TIMEOUT_S = 600.0  # the load's end: the longest wait for requests in flight
+
 
 class EmulationSpec(BaseModel):
     """``emulation:`` in a scenario."""
@@ -96,6 +98,8 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     pdd["rld_step_s"] *= k
     data["servers"]["kv_idle_timeout_s"] *= k
     data["workload"]["rate_rps"] /= k  # an open loop's rate, in testbed time
+    stop = data["workload"]["stop_timeout_s"]  # requests in flight at the end, likewise
+    data["workload"]["stop_timeout_s"] = max(stop, min(stop * k, MAX_STOP_TIMEOUT_S))
     if scenario.workload.trace is not None:  # a trace file's arrivals and pauses
         data["workload"]["time_scale"] *= k
     else:

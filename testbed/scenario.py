@@ -132,6 +132,13 @@ class WorkloadSpec(BaseModel):
         "each replaying its shard of the sessions); 0: one process.",
     )
     duration_s: float = Field(300, gt=0, description="Upper bound on the load's run time.")
+    stop_timeout_s: float = Field(
+        30,
+        ge=0,
+        allow_inf_nan=False,
+        description="At the load's end, how long requests in flight may finish (dilated "
+        "under emulation, at most 600 s in testbed time); those cut are client_cancelled.",
+    )
     max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
     speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")
     arrival: str = Field(

@@ -124,7 +124,7 @@ def locust_argv(router_url: str, trace: Path, workload, out_dir: Path) -> list[s
         str(out_dir / "locust.html"),
         "--only-summary",
         "--stop-timeout",
-        "30",
+        f"{workload.stop_timeout_s:g}",
     ]
 
 

@@ -4,6 +4,7 @@ and the clear errors for profiles that do not exist."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +12,7 @@ from capacity.pacing import Pacing
 from protocol.env import Env
 from testbed.dilation import EmulationSpec, for_testbed, pacing_env, record
 from testbed.scenario import Scenario, ScenarioError
+from testbed.workload_cli import locust_argv
 
 TINY_KV = 8192
 
@@ -87,3 +89,12 @@ def test_invalid_emulation_is_refused_before_anything_starts(tmp_path, emulation
 def test_emulation_spec_defaults():
     spec = EmulationSpec(model="1T-moe")
     assert (spec.chips_per_server, spec.dilation, spec.applied) == (8, 10.0, False)
+
+
+def test_requests_in_flight_at_the_loads_end_get_dilated_time_to_finish():
+    sc = Scenario.load("hetero")
+    run = for_testbed(sc, TINY_KV)
+    k = sc.emulation.dilation
+    assert run.workload.stop_timeout_s == min(sc.workload.stop_timeout_s * k, 600)
+    assert "--stop-timeout" in (argv := locust_argv("http://r", Path("t"), run.workload, Path(".")))
+    assert argv[argv.index("--stop-timeout") + 1] == f"{run.workload.stop_timeout_s:g}"
