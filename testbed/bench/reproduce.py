@@ -197,7 +197,7 @@ def interval_verdicts(stored_run: Path, new_run: Path, points: list[str]) -> lis
                     "stored_ci95": _nan_none(ha),
                     "reproduced": _nan_none(b),
                     "reproduced_ci95": _nan_none(hb),
-                    "change": (b - a) / abs(a) if a and not math.isnan(b) else None,
+                    "change": (b - a) / abs(a) if a and not math.isnan(a + b) else None,
                     "reproduced_ok": ok,
                 }  # fmt: skip
             )
