@@ -68,11 +68,14 @@ class KvChunkHeader:
 class Done:
     total_pages: int
     total_bytes: int
+    # Seconds the sender waited, after its first chunk, for prefill to compute the next:
+    # the receiver's first-to-last-byte time less this is the wire's.
+    sender_wait_s: float = 0.0
 
-    _FIXED = struct.Struct("!IQ")
+    _FIXED = struct.Struct("!IQd")
 
     def encode(self) -> bytes:
-        return self._FIXED.pack(self.total_pages, self.total_bytes)
+        return self._FIXED.pack(self.total_pages, self.total_bytes, self.sender_wait_s)
 
     @classmethod
     def decode(cls, body: bytes) -> Done:

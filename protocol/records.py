@@ -120,6 +120,9 @@ class TransferRecord:
     wire_bytes: int = 0  # every frame, headers included (TCP/IP headers excluded)
     decode_prefix_len: int = 0
     page_size: int = 1
+    # Between its first and last chunk, the sender waited this long for prefill to
+    # compute (a chunked prefill; a room that offered its cached pages first).
+    sender_wait_s: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -127,8 +130,11 @@ class TransferRecord:
 
     @property
     def seconds(self) -> float | None:
-        """First KV byte to the end (None when no KV moved or it did not end)."""
-        return None if self.end is None or not self.first_byte else self.end - self.first_byte
+        """The wire's time: first KV byte to the end, less the sender's wait for prefill
+        (None when no KV moved or it did not end)."""
+        if self.end is None or not self.first_byte:
+            return None
+        return max(0.0, self.end - self.first_byte - self.sender_wait_s)
 
 
 @dataclass

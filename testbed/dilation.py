@@ -47,6 +47,17 @@ class EmulationSpec(BaseModel):
     calibration_margin: float = Field(
         1.2, ge=1, allow_inf_nan=False, description="Chosen k = needed k x this margin."
     )
+    calibration_rounds: int = Field(
+        3,
+        ge=1,
+        le=6,
+        description="At most this many calibration slices. Each next one runs at the k the "
+        "last proposed, until a proposal lands within calibration_tolerance of the k it "
+        "was measured at (a k that saturates the cores proposes too much).",
+    )
+    calibration_tolerance: float = Field(
+        0.15, gt=0, lt=1, allow_inf_nan=False, description="Relative: when a proposal settles."
+    )
     applied: bool = Field(
         False,
         description="Set by the bench in a run's stored scenario: its times are already "

@@ -227,6 +227,7 @@ class TcpKVReceiver(BaseKVReceiver):
                     mgr.aux.write(np.array([request.aux_index]), view[4:])
             elif kind == MsgType.DONE:
                 done = Done.decode(bytes(body))
+                record.sender_wait_s = done.sender_wait_s
                 received = progress["pages"]
                 if done.total_pages != received or received != len(pages):
                     raise ProtocolError(

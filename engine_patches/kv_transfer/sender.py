@@ -3,6 +3,7 @@
 Lifecycle (``poll()``)::
 
     Bootstrapping ──a decode's TransferRequest claimed──▶ WaitingForInput
+      (an early-start room: at once)
         │ (none within the bootstrap timeout)                 │ init(); send(pages)…
         ▼                                                     ▼
       Failed ◀── every leg failed ──────────────────── Transferring ──every leg ended,
@@ -15,7 +16,10 @@ SGLang is asked to offer every page (prefix length 0) and each leg skips the pag
 its own destination already holds. A leg that joins late gets every chunk so far
 replayed; one that has not joined ``late_leg`` seconds after the first gives up, and
 the manager refuses its room from then on. One leg failing (a cut WAN) does not fail
-the request as long as the other succeeds.
+the request as long as the other succeeds. An early-start room
+(``protocol.rooms.starts_early``: PDD's P->MD) has one leg that may join after the
+prefill computed: its chunks are queued, every page offered, and replayed when it joins
+(within the bootstrap timeout).
 
 ``send()`` is called on the scheduler thread and only queues.
 """
@@ -35,7 +39,7 @@ from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
 from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame
 from protocol.kv import Done, KvChunkHeader, crc32, rows_per_chunk
 from protocol.records import TransferRecord
-from protocol.rooms import legs_expected
+from protocol.rooms import legs_expected, starts_early
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -104,10 +108,13 @@ class _Leg:
         offered = sent = 0  # pages of the send stream seen / sent to this destination
         try:
             while self.state == "pending":
+                asked = time.monotonic()
                 try:
                     pages, last, aux = self.queue.get(timeout=mgr.timeouts.first_data)
                 except queue.Empty:
                     raise TimeoutError("no KV chunk came from the scheduler") from None
+                if self.record.first_byte is not None:  # the wire idled for prefill
+                    self.record.sender_wait_s += time.monotonic() - asked
                 keep = pages[max(0, self.skip - offered) :]
                 offered += len(pages)
                 sent = self._send_pages(conn, keep, sent)
@@ -122,7 +129,7 @@ class _Leg:
                     self.record.wire_bytes += send_frame(
                         conn, MsgType.AUX, room, crc32(parts).to_bytes(4, "big"), *parts
                     )
-                done = Done(sent, self.record.kv_bytes).encode()
+                done = Done(sent, self.record.kv_bytes, self.record.sender_wait_s).encode()
                 self.record.wire_bytes += send_frame(conn, MsgType.DONE, room, done)
                 kind, _, body = recv_frame(conn)
                 if kind == MsgType.FAILURE:
@@ -178,6 +185,7 @@ class TcpKVSender(BaseKVSender):
         self.kv_mgr = mgr
         self.room = bootstrap_room
         self.expected = legs_expected(bootstrap_room)
+        self.early = starts_early(bootstrap_room)  # compute before the decode asks
         self._state = KVPoll.Bootstrapping
         self._reason: str | None = None
         self._created = time.monotonic()
@@ -194,14 +202,14 @@ class TcpKVSender(BaseKVSender):
         if self._state in (KVPoll.Success, KVPoll.Failed):
             return self._state
         self._claim_legs()
-        if self._state == KVPoll.Bootstrapping:
-            if self._legs:
+        if not self._legs and time.monotonic() - self._created > self.kv_mgr.timeouts.bootstrap:
+            self._fail(
+                f"decode never requested room {self.room} within "
+                f"{self.kv_mgr.timeouts.bootstrap:.0f} s"
+            )
+        elif self._state == KVPoll.Bootstrapping:
+            if self._legs or self.early:
                 self._state = KVPoll.WaitingForInput
-            elif time.monotonic() - self._created > self.kv_mgr.timeouts.bootstrap:
-                self._fail(
-                    f"decode never requested room {self.room} within "
-                    f"{self.kv_mgr.timeouts.bootstrap:.0f} s"
-                )
         elif self._num_pages is not None and len(self._legs) == self.expected:
             states = {leg.state for leg in self._legs}
             if "pending" not in states:
@@ -248,12 +256,12 @@ class TcpKVSender(BaseKVSender):
 
     # -- SGLang's sender surface ----------------------------------------------------
     def pop_decode_prefix_len(self) -> int:
-        if self.expected > 1 or not self._legs:
-            return 0  # dual path: offer every page; each leg skips what it has
+        if self.expected > 1 or self.early or not self._legs:
+            return 0  # dual path, early start: offer every page; each leg skips what it has
         return self._legs[0].request.decode_prefix_len
 
     def init(self, num_kv_indices: int, aux_index: int | None = None) -> None:
-        if not self._legs:
+        if not self._legs and not self.early:
             self._fail("init() before decode's transfer request arrived")
             return
         self._num_pages, self._aux_index = num_kv_indices, aux_index

@@ -7,9 +7,21 @@ load on one system (pdd where the scenario has it: all three roles, contending f
 their cores as in the run) at the configured k, reads every server's pacing log, and
 takes, per server and kind of pass, the 99th percentile of real / modelled time over
 the load's passes (not the warm-up's: a server's first passes of a shape are slow
-once, and a handful of them would set k): the k that pass kind needs. The run then
-uses the largest of these times a margin, rounded up. Recorded in ``emulation.json``
-(``calibration``).
+once, and a handful of them would set k): the k that pass kind needs. The largest of
+these times a margin, rounded up, is the slice's proposal.
+
+A slice measures passes at the k it ran at, and the cores' contention depends on that
+k: at too small a k they saturate, every pass queues behind the others and the slice
+proposes far more than it would measure at its own proposal. So calibration goes in
+rounds (:func:`settle`)::
+
+    slice at k ──proposal within tolerance of k──▶ the run uses the proposal
+        │ otherwise (and rounds left)
+        └──▶ slice at the proposal
+    no round left ──▶ the smallest k whose own slice fitted it (proposal <= k),
+                      else the largest proposal
+
+Recorded in ``emulation.json`` (``calibration``, with every round).
 """
 
 from __future__ import annotations
@@ -41,11 +53,56 @@ def load_start(system_dir: Path) -> float:
     return min(arrivals, default=float("-inf"))
 
 
+def proposal(needed_k: float, margin: float) -> int:
+    return max(1, math.ceil(needed_k * margin))
+
+
+def settle(rounds: list[dict], tolerance: float, max_rounds: int) -> tuple[float | None, str]:
+    """The k to run at after these rounds (each ``{"tried", "proposal"}``), or None
+    while another round should run; with why."""
+    last = rounds[-1]
+    if abs(last["proposal"] - last["tried"]) <= tolerance * last["tried"]:
+        return last["proposal"], f"settled: k = {last['tried']:g} proposed {last['proposal']}"
+    if len(rounds) < max_rounds:
+        return None, f"k = {last['tried']:g} proposed {last['proposal']}: another round"
+    fitted = [r["tried"] for r in rounds if r["proposal"] <= r["tried"]]
+    if fitted:
+        return min(fitted), f"unsettled after {len(rounds)} rounds: the smallest k that fitted"
+    return max(r["proposal"] for r in rounds), (
+        f"unsettled after {len(rounds)} rounds and none fitted: the largest proposal"
+    )
+
+
 def calibrate(target, tiny_kv: int, run_dir: Path, console, run_system) -> dict:
-    """Run the calibration slice; returns what it found and the dilation to use."""
+    """Run calibration slices until the proposed k settles; returns what they found and
+    the dilation to use."""
+    spec = target.emulation
+    rounds: list[dict] = []
+    k: float = spec.dilation
+    while True:
+        out = Path(run_dir) / "calibration" / (f"round-{len(rounds)}" if rounds else "")
+        found = calibration_slice(with_dilation(target, k), tiny_kv, out, console, run_system)
+        rounds.append(found)
+        chosen, why = settle(rounds, spec.calibration_tolerance, spec.calibration_rounds)
+        console.print(f"calibration: {why}")
+        if chosen is not None:
+            break
+        k = found["proposal"]
+    final = next((r for r in reversed(rounds) if r["tried"] == chosen), rounds[-1])
+    return {
+        **{key: final[key] for key in ("system", "needed", "by_pass")},
+        "tried": spec.dilation,
+        "margin": spec.calibration_margin,
+        "dilation": chosen,
+        "decision": why,
+        "rounds": [{key: r[key] for key in ("tried", "needed", "proposal")} for r in rounds],
+    }
+
+
+def calibration_slice(target, tiny_kv: int, out: Path, console, run_system) -> dict:
+    """One slice of the load at the target's k: what its passes need."""
     spec = target.emulation
     system = "pdd" if "pdd" in target.systems else target.systems[0]
-    out = Path(run_dir) / "calibration"
     scenario = dilation.for_testbed(target, tiny_kv)
     workload = scenario.workload.model_copy(update={"max_requests": spec.calibration_requests})
     scenario = scenario.model_copy(update={"workload": workload})
@@ -65,14 +122,13 @@ def calibrate(target, tiny_kv: int, run_dir: Path, console, run_system) -> dict:
         raise RuntimeError(f"calibration: no paced passes logged in {out / system}")
     table = needed(pd.DataFrame(rows))
     need = float(table["needed_k"].max())
-    k = max(1, math.ceil(need * spec.calibration_margin))
-    console.print(f"calibration: passes need k = {need:.1f}; the run uses k = {k}")
+    k = proposal(need, spec.calibration_margin)
+    console.print(f"calibration: passes need k = {need:.1f}; proposed k = {k}")
     return {
         "system": system,
         "tried": spec.dilation,
         "needed": need,
-        "margin": spec.calibration_margin,
-        "dilation": k,
+        "proposal": k,
         "by_pass": [
             {"server": server, "pass": mode, **values}
             for (server, mode), values in table.to_dict("index").items()

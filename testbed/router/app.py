@@ -215,7 +215,10 @@ class Router:
         record.decode_server = route.stream_from.name
         if route.prefill is not None:
             record.prefill_server = route.prefill.name
-            record.room = new_room(dual_path=route.pipeline == Pipeline.P_RLD_MD)
+            record.room = new_room(
+                dual_path=route.pipeline == Pipeline.P_RLD_MD,
+                early_start=route.pipeline == Pipeline.P_MD,
+            )
         self._on_wan(route, record)
         busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
         for name in busy:

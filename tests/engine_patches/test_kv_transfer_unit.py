@@ -112,3 +112,157 @@ def test_idle_hook_targets_exist():
     from sglang.srt.managers.scheduler import Scheduler
 
     assert callable(Scheduler.on_idle) and callable(Scheduler.is_fully_idle)
+
+
+class _StandInManager:
+    """Stands in for TcpKVManager's prefill side (no SGLang, no listener): a pool, the
+    parked decode requests by room, and the transfer log."""
+
+    def __init__(self, pool, bootstrap_s: float = 30.0) -> None:
+        from engine_patches.kv_transfer.manager import Timeouts
+
+        self.pool, self.page_size, self.aux = pool, 1, None
+        self.timeouts = Timeouts(bootstrap=bootstrap_s, idle=5.0, first_data=5.0)
+        self.parked: dict[int, list] = {}
+        self.logged: list = []
+        self.log = type("Log", (), {"write": lambda _, record: self.logged.append(record)})()
+
+    def claim(self, room):
+        parked = self.parked.get(room)
+        return parked.pop(0) if parked else None
+
+    def reuse_connection(self, conn, peer):
+        conn.close()
+
+    def close_room(self, room, reason):
+        pass
+
+
+def _wait_for(sender, states, timeout_s=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sender.poll() in states:
+            return sender.poll()
+        time.sleep(0.01)
+    return sender.poll()
+
+
+def test_an_early_start_room_sends_what_prefill_computed_before_decode_asked():
+    """PDD's P->MD: prefill does not wait for main decode's transfer request (it crosses
+    the WAN). Every chunk sent before the request came is replayed to it, and only the
+    pages decode lacks cross; a plain room still waits for its decode."""
+    import threading
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    src = [torch.arange(64, dtype=torch.float32).reshape(16, 4) + 100 * i for i in range(2)]
+    item = 4 * 4
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [item] * 2)
+    mgr = _StandInManager(pool)
+
+    plain = TcpKVSender(mgr, "p:1", new_room())
+    assert plain.poll() == KVPoll.Bootstrapping  # SGLang's way: wait for the decode
+
+    room = new_room(early_start=True)
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput  # computes at once
+    assert sender.pop_decode_prefix_len() == 0  # offers every page
+    sender.init(6)
+    sender.send(np.array([3, 4]))  # the cached prefix, then the computed pages
+    sender.send(np.array([8, 9, 10, 11]), state_indices=[])
+
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(2, -1, 0, np.array([0, 1, 2, 3], np.int32))  # holds 2 pages
+    mgr.parked[room] = [Incoming(prefill_end, "md:1", request, 0.0)]
+    got: dict = {}
+
+    def decode() -> None:
+        pages = []
+        while True:
+            kind, _, body = recv_frame(decode_end)
+            if kind == MsgType.KV_CHUNK:
+                head = KvChunkHeader.decode(memoryview(body))
+                pages.append((head.first, head.count, bytes(body[KvChunkHeader.size :])))
+            elif kind == MsgType.DONE:
+                got["done"], got["pages"] = Done.decode(bytes(body)), pages
+                send_frame(decode_end, MsgType.ACK, room)
+                return
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    reader.join(5)
+    assert got["done"].total_pages == 4
+    rows = np.array([8, 9, 10, 11])  # pages 0-1 (3, 4) decode already held
+    expected = b"".join(t.numpy().tobytes() for t in pool.read(rows))
+    assert b"".join(p for *_, p in got["pages"]) == expected
+    assert [r.status for r in mgr.logged] == ["success"]
+    decode_end.close()
+
+
+def test_an_early_start_room_no_decode_asks_for_fails_after_the_bootstrap_timeout():
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    mgr = _StandInManager(pool=None, bootstrap_s=0.05)
+    sender = TcpKVSender(mgr, "p:1", new_room(early_start=True))
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(2)
+    assert _wait_for(sender, {KVPoll.Failed}, timeout_s=2) == KVPoll.Failed
+    with pytest.raises(Exception, match="never requested room"):
+        sender.failure_exception()
+
+
+def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time():
+    """A chunk, then prefill computes for 0.3 s, then the last chunk: the Done frame tells
+    the receiver how long the wire idled, and the record's seconds leave it out."""
+    import threading
+    import time
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.records import TransferRecord
+    from protocol.rooms import new_room
+
+    src = [torch.zeros(16, 4) for _ in range(2)]
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
+    mgr = _StandInManager(pool)
+    room = new_room()
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
+    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(3)
+    done: list[Done] = []
+
+    def decode() -> None:
+        while True:
+            kind, _, body = recv_frame(decode_end)
+            if kind == MsgType.DONE:
+                done.append(Done.decode(bytes(body)))
+                send_frame(decode_end, MsgType.ACK, room)
+                return
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    sender.send(np.array([0]))
+    time.sleep(0.3)  # prefill computing the rest
+    sender.send(np.array([1, 2]), state_indices=[])
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    reader.join(5)
+    assert 0.25 <= done[0].sender_wait_s < 5
+    record = TransferRecord(room, "decode", "p", start=0.0, first_byte=10.0, end=10.5)
+    record.sender_wait_s = done[0].sender_wait_s
+    assert record.seconds == pytest.approx(0.5 - done[0].sender_wait_s)
+    decode_end.close()

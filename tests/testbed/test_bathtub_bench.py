@@ -56,7 +56,7 @@ def test_calibration_picks_the_dilation_the_run_then_uses(tmp_path):
 
     base = Scenario.load("bathtub").model_dump()
     base["workload"]["generator"].update(sessions=2, fixed_hit=0.5)
-    base["emulation"].update(calibrate=True, calibration_requests=2)
+    base["emulation"].update(calibrate=True, calibration_requests=2, calibration_rounds=2)
     base.pop("sweep", None)
     scenario = Scenario.model_validate(base)
 
@@ -67,7 +67,19 @@ def test_calibration_picks_the_dilation_the_run_then_uses(tmp_path):
     assert calibration["system"] == "colocated" and calibration["by_pass"]
     assert calibration["needed"] > 0
     assert emulation["dilation"] == calibration["dilation"]
-    assert calibration["dilation"] == max(1, math.ceil(calibration["needed"] * 1.2))
+    rounds = calibration["rounds"]
+    assert 1 <= len(rounds) <= 2 and rounds[0]["tried"] == scenario.emulation.dilation
+    for r in rounds:  # each slice proposes its need x the margin ...
+        assert r["proposal"] == max(1, math.ceil(r["needed"] * 1.2))
+    for before, after in zip(rounds, rounds[1:], strict=False):  # ... and the next runs there
+        assert after["tried"] == before["proposal"]
+    last = rounds[-1]
+    if abs(last["proposal"] - last["tried"]) <= 0.15 * last["tried"]:
+        assert calibration["dilation"] == last["proposal"]
+    else:  # two rounds and unsettled: a k that fitted its own slice, or the largest proposal
+        fitted = [r["tried"] for r in rounds if r["proposal"] <= r["tried"]]
+        expected = min(fitted) if fitted else max(r["proposal"] for r in rounds)
+        assert len(rounds) == 2 and calibration["dilation"] == expected
     assert (run_dir / "calibration" / "colocated" / "records.parquet").exists()
     run = load_run(run_dir)  # the calibration slice is not one of the run's systems
     assert list(run.systems) == ["colocated"] and len(run.systems["colocated"].records) == 2

@@ -32,3 +32,28 @@ def test_the_load_starts_at_its_first_request_and_warm_up_passes_come_before(tmp
     assert load_start(tmp_path) == float("-inf")  # no records: every pass counts
     (tmp_path / "records.jsonl").write_text('{"arrival": 12.0}\n{"arrival": 10.5}\n')
     assert load_start(tmp_path) == 10.5
+
+
+def _round(tried, proposal):
+    return {"tried": tried, "proposal": proposal}
+
+
+@pytest.mark.parametrize(
+    ("rounds", "chosen"),
+    [
+        ([_round(100, 108)], 108),  # within 15%: settled on the first slice
+        ([_round(100, 90)], 90),  # a little lower: settled too
+        ([_round(50, 209)], None),  # saturated cores proposed far more: measure there
+        ([_round(50, 209), _round(209, 86)], None),  # generous: try the lower k
+        ([_round(50, 209), _round(209, 86), _round(86, 95)], 95),  # settled on the third
+        # no round left: the smallest k whose own slice fitted it
+        ([_round(50, 209), _round(209, 86), _round(86, 150)], 209),
+        # none fitted: the largest proposal
+        ([_round(50, 80), _round(80, 130), _round(130, 200)], 200),
+    ],
+)
+def test_calibration_runs_rounds_until_the_proposal_settles(rounds, chosen):
+    from testbed.bench.calibrate import settle
+
+    k, why = settle(rounds, tolerance=0.15, max_rounds=3)
+    assert k == chosen, why
