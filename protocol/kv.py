@@ -32,6 +32,10 @@ class TransferRequest:
         return cls(prefix, aux, digest, pages.astype(np.int32))
 
 
+# KV connections are pooled per decode server and prefill (a warm congestion window: no
+# slow start per request on a long-RTT WAN). Decode reuses the connection it returned
+# last, if idle less than this; prefill closes one idle twice as long.
+POOL_REUSE_S = 30.0
 MAX_FRAME_BYTES = 8 << 20  # a KV chunk's payload: bounds memory per frame, shows progress
 
 

@@ -27,14 +27,11 @@ from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol import tls
 from protocol.env import Env, kv_timeout
 from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
-from protocol.kv import TransferRequest
+from protocol.kv import POOL_REUSE_S, TransferRequest
 from protocol.records import JsonlWriter
 
 logger = logging.getLogger("pdd.kv_transfer")
-# Connections are reused between transfers (a warm congestion window: no slow start
-# per request on a long-RTT WAN). Prefill closes one idle this long; decode stops
-# reusing one at half of it.
-POOL_IDLE_S = 60.0
+POOL_IDLE_S = 2 * POOL_REUSE_S  # prefill closes a pooled connection idle this long
 MAX_CONNECTIONS = 512  # requests being read or parked on the prefill listener
 
 
@@ -191,7 +188,7 @@ class TcpKVManager(BaseKVManager):
             idle = self._idle.get(addr, [])
             while idle:
                 sock, since = idle.pop()
-                if time.monotonic() - since < POOL_IDLE_S / 2 and _still_open(sock):
+                if time.monotonic() - since < POOL_REUSE_S and _still_open(sock):
                     return sock
                 sock.close()
         return None

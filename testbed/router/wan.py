@@ -16,9 +16,12 @@ it share the rate equally (processor sharing), so a transfer of ``s`` bytes amon
 others with ``r_i`` bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``;
 each transfer's remaining bytes drain that way between events (measured here: a
 small transfer behind a large one is barely slower, as TCP shares the line, where a
-first-come-first-served backlog predicted it ten times slower). Every transfer also
-pays TCP slow start, a round trip per doubling of its window until the window fills
-the pipe (a new connection's, or an idle one's where the hosts restart it). The
+first-come-first-served backlog predicted it ten times slower). A transfer pays TCP
+slow start, a round trip per doubling of its window until the window fills the pipe,
+from the window its connection already has: decode servers pool their KV connections
+and reuse the one returned last (``protocol.kv.POOL_REUSE_S``), so the line mirrors
+that pool — a connection that carried ``x`` bytes comes back with a window of about
+``x`` (at most the pipe), and only a new one starts from the initial window. The
 rest — framing, the receiver's work, what the model misses — is an overhead fitted
 with the goodput by decaying least squares, seeded by the configured rate and
 one-way delay, over the settled transfers that had the line to themselves (one that
@@ -39,6 +42,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from protocol.kv import POOL_REUSE_S
 from protocol.records import TransferRecord
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
@@ -79,6 +83,7 @@ class _Outstanding:
     bytes: int
     left: float  # not yet drained (the fluid model's view)
     started: float
+    window: float  # its connection's congestion window (bytes) when it started
     shared: bool = False  # another transfer was on the line at some point
 
 
@@ -125,6 +130,7 @@ class WanLine:
         self.fit = _Fit(self.flow_seed, one_way_s, weight, cap=self.rate)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
+        self.pool: list[tuple[float, float]] = []  # idle connections: (window, since), LIFO
         self._as_of = clock()
 
     @property
@@ -157,14 +163,23 @@ class WanLine:
         self._drain(self.clock() if now is None else now)
         return sum(o.left for o in self.outstanding.values())
 
+    def _window(self, now: float, take: bool) -> float:
+        """The congestion window the next transfer's connection has: the pool's last
+        returned one if still reused, else a new connection's (``take``: check it out)."""
+        self.pool = [(w, since) for w, since in self.pool if now - since < POOL_REUSE_S]
+        if not self.pool:
+            return INITIAL_WINDOW
+        return self.pool.pop()[0] if take else self.pool[-1][0]
+
     def seconds(self, own_bytes: float) -> float:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
         if not own_bytes:
             return 0.0
         shared = sum(min(o.left, own_bytes) for o in self.outstanding.values())
+        window = self._window(self.clock(), take=False)
         return (
             self.fit.overhead
-            + slow_start_s(own_bytes, self.goodput, self.rtt)
+            + slow_start_s(own_bytes, self.goodput, self.rtt, window)
             + max((own_bytes + shared) / self.line_rate, own_bytes / self.goodput)
         )
 
@@ -177,7 +192,10 @@ class WanLine:
         busy = bool(self.outstanding)
         for other in self.outstanding.values():
             other.shared = True
-        self.outstanding[room] = _Outstanding(nbytes, float(nbytes), self._as_of, shared=busy)
+        window = self._window(self._as_of, take=True)
+        self.outstanding[room] = _Outstanding(
+            nbytes, float(nbytes), self._as_of, window, shared=busy
+        )
 
     def settle(self, room: int, record: TransferRecord | None = None) -> None:
         """The transfer of ``room`` ended (``record``: the receiver's log line, or None
@@ -187,7 +205,9 @@ class WanLine:
         if item is None:
             return
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
-            return
+            return  # a failed transfer's connection is closed, not pooled
+        pipe = max(self.goodput * self.rtt, INITIAL_WINDOW)
+        self.pool.append((min(max(item.window, float(record.wire_bytes)), pipe), self._as_of))
         if not item.shared:  # what slow start explains is not the overhead's
             x = record.wire_bytes
-            self.fit.add(x, record.seconds - slow_start_s(x, self.goodput, self.rtt))
+            self.fit.add(x, record.seconds - slow_start_s(x, self.goodput, self.rtt, item.window))
