@@ -65,7 +65,8 @@ def breakdown(run: RunData) -> pd.DataFrame:
 
 def prediction_error(run: RunData) -> pd.DataFrame:
     """Per system: the router's predicted WAN time of each request's KV against the
-    transfer's measured first-to-last-byte time (only transfers that moved bytes).
+    transfer's measured first-to-last-byte time less the sender's wait for prefill
+    between chunks (``TransferRecord.seconds``; only transfers that moved bytes).
 
     ``lone_spread_p90_p10``: transfers of the same size that had the line to
     themselves (sizes seen at least three times), each measured time over its size's

@@ -11,35 +11,42 @@ Lifecycle of one transfer on a :class:`WanLine`::
                                             goodput average learns from it, and an
                                             empty line has no backlog left
 
+What is predicted is what the receiver measures: its first KV byte to its last, less any
+time the sender waited for prefill between chunks (``TransferRecord.seconds``).
+
 The line is a fluid model of TCP over a rate-limited drop-tail queue. Transfers on
 it share the rate equally (processor sharing), so a transfer of ``s`` bytes among
 others with ``r_i`` bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``;
 each transfer's remaining bytes drain that way between events (measured here: a
 small transfer behind a large one is barely slower, as TCP shares the line, where a
-first-come-first-served backlog predicted it ten times slower). A transfer pays TCP
-slow start, a round trip per doubling of its window until the window fills the pipe,
-from the window its connection already has: decode servers pool their KV connections
-and reuse the one returned last (``protocol.kv.POOL_REUSE_S``), so the line mirrors
-that pool — a connection that carried ``x`` bytes comes back with a window of about
-``x`` (at most the pipe), and only a new one starts from the initial window. The
-rest — framing, the receiver's work, what the model misses — is an overhead fitted
-with the goodput by decaying least squares, seeded by the configured rate and
-one-way delay, over the settled transfers that had the line to themselves (one that
-shared it says nothing the model could have known).
+first-come-first-served backlog predicted it ten times slower).
 
-On a lossy line one TCP flow cannot fill the pipe: its window settles where losses
-halve it, about ``sqrt(3/2) * MSS / sqrt(p)`` (Mathis et al.), so a flow carries at
-most that per round trip — at 0.1% loss and a 20 ms round trip about 2.8 MB/s of a
-12.5 MB/s line (measured in the default bench: a lone 2.5 MB transfer took 1.3 s where
-the line rate alone predicted 0.26 s). The fit therefore learns the goodput of one
-flow, seeded by the smaller of the line rate and that bound, and the line itself is
-the configured rate scaled by how far the fit moved from its seed; transfers sharing
-the line each get at most one flow's goodput.
+One flow alone pays, on top of its bytes at the goodput:
+
+- TCP slow start, a round trip per doubling of its window until the window fills the
+  pipe, from the window its connection already has. Decode servers pool their KV
+  connections and reuse the one returned last (``protocol.kv.POOL_REUSE_S``), so the
+  line mirrors that pool: a connection that carried ``x`` bytes comes back with a
+  window of about ``x`` (at most the pipe); only a new one starts from the initial
+  window.
+- Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
+  losses): a lossy flow's window settles where losses halve it, about
+  ``sqrt(3/2) * MSS / sqrt(p)`` per round trip (Mathis et al.). At 0.1% loss and a
+  20 ms round trip that is 2.8 MB/s of a 12.5 MB/s line (default: a lone 2.5 MB
+  transfer took 1.3 s where the line rate predicted 0.26 s), while hetero's 0.01% lets
+  nearly every transfer through loss-free at the line's rate.
+
+The rest — framing, the receiver's work, what the model misses — is an overhead fitted
+with the goodput by decaying least squares, seeded by the configured rate, over the
+settled transfers that had the line to themselves: no other transfer's measured first
+byte to last byte overlapped theirs, and none still outstanding was routed before
+they ended (one that shared the line says nothing the model could have known).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from protocol.kv import POOL_REUSE_S
@@ -84,7 +91,6 @@ class _Outstanding:
     left: float  # not yet drained (the fluid model's view)
     started: float
     window: float  # its connection's congestion window (bytes) when it started
-    shared: bool = False  # another transfer was on the line at some point
 
 
 class _Fit:
@@ -126,23 +132,30 @@ class WanLine:
     ) -> None:
         self.rtt = 2 * one_way_s
         self.rate = float(rate_bytes_s)  # the line as configured
-        self.flow_seed = min(self.rate, flow_rate_bound(self.rtt, loss))
-        self.fit = _Fit(self.flow_seed, one_way_s, weight, cap=self.rate)
+        self.flow_bound = flow_rate_bound(self.rtt, loss)  # a long lossy flow's rate
+        self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
+        self.fit = _Fit(self.rate, 0.0, weight, cap=self.rate)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[tuple[float, float]] = []  # idle connections: (window, since), LIFO
+        self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
         self._as_of = clock()
 
     @property
     def goodput(self) -> float:
-        """Bytes per second one transfer achieves with the line to itself (fitted)."""
+        """Bytes per second a loss-free transfer achieves with the line to itself (fitted)."""
         return self.fit.goodput
 
     @property
     def line_rate(self) -> float:
-        """What the line carries in all: the configured rate, scaled down as the fit
-        fell below its seed (flows faster than the loss bound say nothing of the line)."""
-        return self.rate * min(1.0, self.fit.goodput / self.flow_seed)
+        """What the line carries in all, as the fit sees it (never above the configured rate)."""
+        return min(self.rate, self.fit.goodput)
+
+    def loss_s(self, nbytes: float) -> float:
+        """What random loss adds to one flow of ``nbytes``: past its loss-free run, it
+        goes at most at the loss bound."""
+        beyond = max(0.0, nbytes - self.loss_free)
+        return beyond * max(0.0, 1 / min(self.flow_bound, self.goodput) - 1 / self.goodput)
 
     def _drain(self, now: float) -> None:
         """Advance the fluid model to ``now``: active transfers share the goodput."""
@@ -180,7 +193,10 @@ class WanLine:
         return (
             self.fit.overhead
             + slow_start_s(own_bytes, self.goodput, self.rtt, window)
-            + max((own_bytes + shared) / self.line_rate, own_bytes / self.goodput)
+            + max(
+                (own_bytes + shared) / self.line_rate,
+                own_bytes / self.goodput + self.loss_s(own_bytes),
+            )
         )
 
     def predict(self, own_bytes: int) -> WanPrediction:
@@ -189,13 +205,8 @@ class WanLine:
 
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())
-        busy = bool(self.outstanding)
-        for other in self.outstanding.values():
-            other.shared = True
         window = self._window(self._as_of, take=True)
-        self.outstanding[room] = _Outstanding(
-            nbytes, float(nbytes), self._as_of, window, shared=busy
-        )
+        self.outstanding[room] = _Outstanding(nbytes, float(nbytes), self._as_of, window)
 
     def settle(self, room: int, record: TransferRecord | None = None) -> None:
         """The transfer of ``room`` ended (``record``: the receiver's log line, or None
@@ -208,6 +219,12 @@ class WanLine:
             return  # a failed transfer's connection is closed, not pooled
         pipe = max(self.goodput * self.rtt, INITIAL_WINDOW)
         self.pool.append((min(max(item.window, float(record.wire_bytes)), pipe), self._as_of))
-        if not item.shared:  # what slow start explains is not the overhead's
+        first, end = record.end - record.seconds, record.end
+        shared = any(f < end and first < e for f, e in self.recent) or any(
+            o.started < end for o in self.outstanding.values()
+        )
+        self.recent.append((first, end))
+        if not shared:  # what slow start and loss explain is not the overhead's
             x = record.wire_bytes
-            self.fit.add(x, record.seconds - slow_start_s(x, self.goodput, self.rtt, item.window))
+            explained = slow_start_s(x, self.goodput, self.rtt, item.window) + self.loss_s(x)
+            self.fit.add(x, record.seconds - explained)

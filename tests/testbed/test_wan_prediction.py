@@ -151,3 +151,31 @@ def test_no_flow_and_no_line_outrun_the_configured_rate():
         line.settle(room, settled(room, size, 0.02 + size / (30 * MB)))
     assert line.goodput == pytest.approx(rate) and line.line_rate == pytest.approx(rate)
     assert line.predict(4 * MB).seconds >= 4 * MB / rate
+
+
+def test_a_reused_connection_keeps_its_window_and_only_a_new_one_pays_slow_start():
+    """Decode pools its KV connections: the one returned last is reused while it idled
+    less than POOL_REUSE_S, with the window its last transfer grew; a second transfer at
+    the same time, or one after the pool went stale, opens a new connection."""
+    from protocol.kv import POOL_REUSE_S
+
+    clock = Clock()
+    rate, rtt = 10 * MB, 0.02
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    cold = line.predict(MB).seconds
+    line.start(room=1, nbytes=MB)
+    clock.now += cold
+    line.settle(1, settled(1, MB, cold))
+    warm = line.predict(MB).seconds
+    assert cold - warm == pytest.approx(slow_start_s(MB, line.goodput, rtt), rel=0.05)
+    line.start(room=2, nbytes=MB)  # takes the warm connection ...
+    concurrent = line.predict(MB).seconds  # ... so this one would open a new one
+    assert concurrent - slow_start_s(MB, line.goodput, rtt) > warm
+    clock.now += 1.0
+    line.settle(2, settled(2, MB, warm))
+    clock.now += POOL_REUSE_S + 1  # idle too long: decode opens a new connection
+    assert line.predict(MB).seconds == pytest.approx(cold, rel=0.05)
+    line.start(room=3, nbytes=MB)
+    clock.now += 1.0
+    line.settle(3, settled(3, MB, 0.0, status="failed"))  # closed, not pooled
+    assert line.predict(MB).seconds == pytest.approx(cold, rel=0.05)
