@@ -157,6 +157,16 @@ class WanLine:
         beyond = max(0.0, nbytes - self.loss_free)
         return beyond * max(0.0, 1 / min(self.flow_bound, self.goodput) - 1 / self.goodput)
 
+    def _loss_free_left(self, o: _Outstanding) -> float:
+        """Bytes before ``o`` leaves its loss-free run (0 once past it)."""
+        left = self.loss_free - (o.bytes - o.left)
+        return left if left > 1.0 else 0.0
+
+    def _flow_rate(self, o: _Outstanding, share: float) -> float:
+        """A transfer's rate: its share of the line, and past its loss-free run at most
+        the loss bound."""
+        return share if self._loss_free_left(o) else min(share, self.flow_bound)
+
     def _drain(self, now: float) -> None:
         """Advance the fluid model to ``now``: active transfers share the goodput."""
         for room in [r for r, o in self.outstanding.items() if now - o.started > STALE_S]:
@@ -165,9 +175,14 @@ class WanLine:
         active = [o for o in self.outstanding.values() if o.left > 0]
         while elapsed > 0 and active:
             share = min(self.goodput, self.line_rate / len(active))
-            step = min(elapsed, min(o.left for o in active) / share)
-            for o in active:
-                o.left = max(0.0, o.left - step * share)
+            rates = [self._flow_rate(o, share) for o in active]
+            until = [  # each transfer's next event: done, or the end of its loss-free run
+                min(o.left, self._loss_free_left(o) or o.left) / r
+                for o, r in zip(active, rates, strict=True)
+            ]
+            step = min(elapsed, *until)
+            for o, r in zip(active, rates, strict=True):
+                o.left = max(0.0, o.left - step * r)
             elapsed -= step
             active = [o for o in active if o.left > 1e-6]
 
