@@ -34,9 +34,6 @@ class PddConfig(BaseModel):
     wan_loss_pct: float = Field(
         0.0, ge=0, lt=100, description="WAN loss the router plans with (bounds one flow's rate)."
     )
-    wan_queue_packets: int = Field(
-        0, ge=0, description="The WAN's drop-tail queue (packets): long flows keep it full."
-    )
     md_cache_tokens: int = Field(
         65536, gt=0, description="Main decode's KV pool: the most its prefix cache holds."
     )

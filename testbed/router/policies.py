@@ -174,12 +174,7 @@ class ThresholdPolicy(PddPolicy):
 
 def wan_line(pdd: PddConfig) -> WanLine:
     """A WAN line seeded by the configured rate (bytes/s), one-way delay and loss."""
-    return WanLine(
-        pdd.wan_rate_mbit * 1e6 / 8,
-        pdd.wan_one_way_s,
-        loss=pdd.wan_loss_pct / 100,
-        queue_packets=pdd.wan_queue_packets,
-    )
+    return WanLine(pdd.wan_rate_mbit * 1e6 / 8, pdd.wan_one_way_s, loss=pdd.wan_loss_pct / 100)
 
 
 def prompt_tokens(body: dict) -> list[int] | None:

@@ -36,15 +36,6 @@ One flow alone pays, on top of its bytes at the goodput:
   transfer took 1.3 s where the line rate predicted 0.26 s), while hetero's 0.01% lets
   nearly every transfer through loss-free at the line's rate.
 
-A transfer that starts while others are on the line also waits in the line's
-drop-tail queue, which long flows keep full: each of its round trips takes the queue's
-drain time longer (at hetero's dilated 2 MB/s, 1000 packets are 0.7 s on a 1 s round
-trip), so its slow start is that much slower; and its burst meets a full queue, so it
-loses packets and waits for their retransmission, which no fluid model sees. So a
-prediction for a transfer that will share the line is scaled by how far the model
-missed on recent transfers that did (the median of measured / predicted over the last
-``SHARED_KEPT``, once there are three).
-
 The rest — framing, the receiver's work, what the model misses — is an overhead fitted
 with the goodput by decaying least squares, seeded by the configured rate, over the
 settled transfers that had the line to themselves: no other transfer's measured first
@@ -54,8 +45,6 @@ they ended (one that shared the line says nothing the model could have known).
 
 from __future__ import annotations
 
-import math
-import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -63,7 +52,6 @@ from dataclasses import dataclass
 from protocol.kv import POOL_REUSE_S
 from protocol.records import TransferRecord
 
-SHARED_KEPT = 15  # transfers that shared the line, whose misses scale the next one's
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
 MSS = 1448
 INITIAL_WINDOW = 10 * MSS  # Linux's initial congestion window: 10 segments
@@ -103,8 +91,6 @@ class _Outstanding:
     left: float  # not yet drained (the fluid model's view)
     started: float
     window: float  # its connection's congestion window (bytes) when it started
-    predicted: float  # the model's time for it when it started (unscaled)
-    behind: bool  # others were on the line when it started
 
 
 class _Fit:
@@ -143,10 +129,8 @@ class WanLine:
         weight: float = 0.2,
         clock=time.time,
         loss: float = 0.0,
-        queue_packets: int = 0,
     ) -> None:
         self.rtt = 2 * one_way_s
-        self.queue_s = queue_packets * MSS / rate_bytes_s  # a full queue's wait
         self.rate = float(rate_bytes_s)  # the line as configured
         self.flow_bound = flow_rate_bound(self.rtt, loss)  # a long lossy flow's rate
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
@@ -155,7 +139,6 @@ class WanLine:
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[tuple[float, float]] = []  # idle connections: (window, since), LIFO
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
-        self.shared_misses: deque[float] = deque(maxlen=SHARED_KEPT)  # log(measured / model)
         self._as_of = clock()
 
     @property
@@ -216,34 +199,20 @@ class WanLine:
             return INITIAL_WINDOW
         return self.pool.pop()[0] if take else self.pool[-1][0]
 
-    def _model(self, own_bytes: float) -> tuple[float, bool]:
-        """The fluid model's time for ``own_bytes`` starting now, and whether it shares
-        the line."""
+    def seconds(self, own_bytes: float) -> float:
+        """The model's first-to-last-byte time of ``own_bytes`` starting now."""
         if not own_bytes:
-            return 0.0, False
+            return 0.0
         shared = sum(min(o.left, own_bytes) for o in self.outstanding.values())
         window = self._window(self.clock(), take=False)
-        rtt = self.rtt + (self.queue_s if shared else 0.0)  # behind others: a full queue
-        seconds = (
+        return (
             self.fit.overhead
-            + slow_start_s(own_bytes, self.goodput, rtt, window)
+            + slow_start_s(own_bytes, self.goodput, self.rtt, window)
             + max(
                 (own_bytes + shared) / self.line_rate,
                 own_bytes / self.goodput + self.loss_s(own_bytes),
             )
         )
-        return seconds, shared > 0
-
-    def shared_scale(self) -> float:
-        """How far the model missed on recent transfers that shared the line."""
-        if len(self.shared_misses) < 3:
-            return 1.0
-        return math.exp(statistics.median(self.shared_misses))
-
-    def seconds(self, own_bytes: float) -> float:
-        """The predicted first-to-last-byte time of ``own_bytes`` starting now."""
-        seconds, behind = self._model(own_bytes)
-        return seconds * self.shared_scale() if behind else seconds
 
     def predict(self, own_bytes: int) -> WanPrediction:
         queued = self.backlog()
@@ -251,11 +220,8 @@ class WanLine:
 
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())
-        predicted, behind = self._model(nbytes)
         window = self._window(self._as_of, take=True)
-        self.outstanding[room] = _Outstanding(
-            nbytes, float(nbytes), self._as_of, window, predicted, behind
-        )
+        self.outstanding[room] = _Outstanding(nbytes, float(nbytes), self._as_of, window)
 
     def settle(self, room: int, record: TransferRecord | None = None) -> None:
         """The transfer of ``room`` ended (``record``: the receiver's log line, or None
@@ -273,8 +239,6 @@ class WanLine:
             o.started < end for o in self.outstanding.values()
         )
         self.recent.append((first, end))
-        if item.behind and item.predicted > 0:
-            self.shared_misses.append(math.log(max(record.seconds, 1e-6) / item.predicted))
         if not shared:  # what slow start and loss explain is not the overhead's
             x = record.wire_bytes
             explained = slow_start_s(x, self.goodput, self.rtt, item.window) + self.loss_s(x)

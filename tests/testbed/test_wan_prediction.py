@@ -202,27 +202,3 @@ def test_a_reused_connection_keeps_its_window_and_only_a_new_one_pays_slow_start
     clock.now += 1.0
     line.settle(3, settled(3, MB, 0.0, status="failed"))  # closed, not pooled
     assert line.predict(MB).seconds == pytest.approx(cold, rel=0.05)
-
-
-def test_a_transfer_behind_others_is_scaled_by_how_far_shared_ones_missed():
-    """Bursts that meet a queue long flows keep full lose packets and wait for their
-    retransmission, which the fluid model cannot see: once three transfers that started
-    behind others took 3x the model, the next one behind others is predicted 3x; one
-    alone is not."""
-    clock = Clock()
-    line = WanLine(rate_bytes_s=2 * MB, one_way_s=0.5, clock=clock, queue_packets=1000)
-    assert line.queue_s == pytest.approx(1000 * 1448 / (2 * MB))
-    lone = line.predict(MB // 2).seconds
-    line.start(1, 400 * MB)  # a long flow
-    behind_first = line.predict(MB // 2).seconds
-    assert behind_first > lone  # its round trips wait in the full queue
-    for room in (2, 3, 4):
-        model = line.predict(MB // 2).seconds
-        line.start(room, MB // 2)
-        clock.now += 3 * model
-        line.settle(room, settled(room, MB // 2, 3 * model, end=clock.now))
-    assert line.shared_scale() == pytest.approx(3.0, rel=0.02)
-    assert line.predict(MB // 2).seconds == pytest.approx(3 * line._model(MB // 2)[0])
-    line.settle(1, settled(1, 400 * MB, 30.0, end=clock.now))
-    clock.now += 60
-    assert line.predict(MB // 2).seconds == pytest.approx(line._model(MB // 2)[0])  # alone
