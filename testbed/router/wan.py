@@ -39,8 +39,8 @@ One flow alone pays, on top of its bytes at the goodput:
 The rest — framing, the receiver's work, what the model misses — is an overhead fitted
 with the goodput by decaying least squares, seeded by the configured rate, over the
 settled transfers that had the line to themselves: no other transfer's measured first
-byte to last byte overlapped theirs, and none still outstanding was routed before
-they ended (one that shared the line says nothing the model could have known).
+byte to last byte overlapped theirs, and none the model still has on the wire was
+routed before they ended (one that shared the line says nothing the model could have known).
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ class WanLine:
         self.pool.append((min(max(item.window, float(record.wire_bytes)), pipe), self._as_of))
         first, end = record.end - record.seconds, record.end
         shared = any(f < end and first < e for f, e in self.recent) or any(
-            o.started < end for o in self.outstanding.values()
+            o.started < end and o.left > 0 for o in self.outstanding.values()
         )
         self.recent.append((first, end))
         if not shared:  # what slow start and loss explain is not the overhead's
