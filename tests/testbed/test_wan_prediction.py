@@ -111,13 +111,13 @@ def test_the_fit_follows_a_slower_line_and_its_overhead_and_ignores_failures():
 def test_transfers_that_shared_the_line_do_not_train_the_fit():
     clock = Clock()
     line = WanLine(rate_bytes_s=4 * MB, clock=clock, weight=0.5)
-    line.start(1, 4 * MB)
-    line.start(2, 4 * MB)  # both on the line: neither says what the line alone does
+    line.start(1, 40 * MB)
+    line.start(2, 40 * MB)  # both on the line: neither says what the line alone does
     clock.now += 10.0
-    line.settle(1, settled(1, 4 * MB, 10.0, end=clock.now))
+    line.settle(1, settled(1, 40 * MB, 10.0, end=clock.now))  # 2 is still on the wire
     line.start(3, 4 * MB)  # routed while 2 still runs ...
     clock.now += 10.0
-    line.settle(2, settled(2, 4 * MB, 20.0, end=clock.now))
+    line.settle(2, settled(2, 40 * MB, 20.0, end=clock.now))
     clock.now += 2.0
     line.settle(3, settled(3, 4 * MB, 3.0, end=clock.now))  # ... so it shared the line too
     assert line.goodput == pytest.approx(4 * MB)
