@@ -202,3 +202,16 @@ def test_a_reused_connection_keeps_its_window_and_only_a_new_one_pays_slow_start
     clock.now += 1.0
     line.settle(3, settled(3, MB, 0.0, status="failed"))  # closed, not pooled
     assert line.predict(MB).seconds == pytest.approx(cold, rel=0.05)
+
+
+def test_a_transfer_that_never_settles_does_not_keep_the_fit_from_learning():
+    """A routed transfer no log line settles (its request failed first) stays outstanding
+    until STALE_S; once the model has drained it, it no longer makes every later
+    transfer count as sharing the line."""
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, clock=clock, weight=0.5)
+    line.start(1, MB)  # never settled
+    clock.now += 5.0  # drained in the model long ago (0.1 s at the line's rate)
+    for room, size in enumerate((MB // 10, 2 * MB, MB // 10, 2 * MB), start=2):
+        alone(line, clock, room, size, 0.04 + size / (2 * MB))
+    assert 1 in line.outstanding and line.goodput < 5 * MB  # the fit learned the slower line
