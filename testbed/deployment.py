@@ -384,6 +384,7 @@ def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_k
     env = [
         (Env.KV_TRANSFER_LOG, str(transfer_log)),
         (Env.KV_IDLE_TIMEOUT_S, str(cfg.kv_idle_timeout_s)),
+        (Env.KV_LATE_LEG_TIMEOUT_S, str(cfg.kv_late_leg_s)),
     ]
     if frame_key:
         env.append((Env.FRAME_KEY, frame_key))

@@ -108,6 +108,7 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     pdd["turn_wait_s"] *= k
     pdd["rld_step_s"] *= k
     data["servers"]["kv_idle_timeout_s"] *= k
+    data["servers"]["kv_late_leg_s"] *= k
     data["workload"]["rate_rps"] /= k  # an open loop's rate, in testbed time
     stop = data["workload"]["stop_timeout_s"]  # requests in flight at the end, likewise
     data["workload"]["stop_timeout_s"] = max(stop, min(stop * k, MAX_STOP_TIMEOUT_S))

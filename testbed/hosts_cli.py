@@ -73,6 +73,9 @@ def serve(
         None, help="Where the server logs each KV transfer and handoff (JSON lines)."
     ),
     kv_idle_timeout: float = typer.Option(30.0, help="A stalled KV transfer fails after this."),
+    kv_late_leg: float = typer.Option(
+        10.0, help="Dual path: how long main decode's request may come after relay decode's."
+    ),
     frame_key_file: Path = typer.Option(
         None,
         help="The deployment's frame key (hex, as `testbed key` writes it): KV and handoff "
@@ -90,7 +93,10 @@ def serve(
     launch itself (an inventory) serves as a launched one would."""
     if role not in list(Role):
         raise typer.BadParameter(f"role must be one of {', '.join(Role)}")
-    env = [(Env.KV_IDLE_TIMEOUT_S, str(kv_idle_timeout))]
+    env = [
+        (Env.KV_IDLE_TIMEOUT_S, str(kv_idle_timeout)),
+        (Env.KV_LATE_LEG_TIMEOUT_S, str(kv_late_leg)),
+    ]
     if transfer_log is not None:
         transfer_log = transfer_log.resolve()
         transfer_log.parent.mkdir(parents=True, exist_ok=True)

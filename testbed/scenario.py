@@ -79,6 +79,13 @@ class ServersSpec(BaseModel):
     kv_idle_timeout_s: float = Field(
         30.0, gt=0, description="A stalled KV transfer fails after this."
     )
+    kv_late_leg_s: float = Field(
+        10.0,
+        gt=0,
+        description="Dual path: how long after relay decode's transfer request main "
+        "decode's may come before prefill sends to relay decode only (dilated under "
+        "emulation, as the idle timeout is).",
+    )
     port: int = Field(
         30000, ge=1, le=65535, description="HTTP port of every server (each has its own host)."
     )

@@ -28,6 +28,9 @@ def test_the_testbed_view_dilates_every_time_and_scales_the_wan_rate():
     assert run.network.wan.loss_pct == target.network.wan.loss_pct
     assert (run.sla.ttft_s, run.sla.itl_s) == pytest.approx((target.sla.ttft_s * k, 0.03 * k))
     assert run.pdd.direct_wan_bound_s == pytest.approx(target.pdd.direct_wan_bound_s * k)
+    # the KV backend's waits: a stalled transfer, a dual path's late main-decode request
+    assert run.servers.kv_idle_timeout_s == pytest.approx(target.servers.kv_idle_timeout_s * k)
+    assert run.servers.kv_late_leg_s == pytest.approx(target.servers.kv_late_leg_s * k)
     assert run.workload.generator["time_scale"] == pytest.approx(k)
     # A 100-token KV transfer takes the target's time x k on the dilated link.
     target_s = 100 * 50_000 * 8 / (target.network.wan.rate_mbit * 1e6)
