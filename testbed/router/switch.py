@@ -50,7 +50,9 @@ async def switch_streams(req, rld, md_stream) -> bool:
                 chunk = queue.popleft()
                 new = chunk.new_ids(len(req.tokens))
                 req.tokens += new
-                if rld_open or slow:  # the client-visible gap while switching
+                # the client-visible gap while switching (the first token after the
+                # final handoff counts even when main decode had caught up at once)
+                if rld_open or slow or req.record.handoff_s is None:
                     gap = time.time() - last_sent
                     req.record.handoff_s = max(req.record.handoff_s or 0.0, gap)
                 await req.out.emit(chunk, len(new))
