@@ -25,6 +25,7 @@ class Env(StrEnum):
     KV_FIRST_DATA_TIMEOUT_S = "PDD_KV_FIRST_DATA_TIMEOUT_S"
     KV_IDLE_TIMEOUT_S = "PDD_KV_IDLE_TIMEOUT_S"
     KV_LATE_LEG_TIMEOUT_S = "PDD_KV_LATE_LEG_TIMEOUT_S"
+    KV_POOL_REUSE_TIMEOUT_S = "PDD_KV_POOL_REUSE_TIMEOUT_S"  # a pooled connection's reuse
 
 
 def kv_timeout(field: str) -> Env:

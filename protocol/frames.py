@@ -196,6 +196,23 @@ def recv_frame(
     return kind, room, body
 
 
+_TCP_INFO = struct.Struct("8B24I")  # struct tcp_info up to tcpi_total_retrans (linux/tcp.h)
+
+
+def tcp_state(sock: socket.socket) -> tuple[int, int]:
+    """A connection's congestion window (bytes: snd_cwnd x snd_mss) and the segments it
+    has retransmitted in all; (0, 0) where the kernel does not say."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except OSError:
+        return 0, 0
+    if len(raw) < _TCP_INFO.size:
+        return 0, 0
+    info = _TCP_INFO.unpack(raw)[8:]  # the u32 fields after eight u8s
+    snd_mss, snd_cwnd, total_retrans = info[2], info[18], info[23]
+    return snd_cwnd * snd_mss, total_retrans
+
+
 def configure_socket(sock: socket.socket, idle_timeout: float) -> None:
     """No Nagle; and a dead path (a cut WAN) is detected within ~``idle_timeout``,
     whether data is in flight (TCP_USER_TIMEOUT) or the connection is idle (keepalive)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import zlib
 from dataclasses import dataclass
@@ -34,7 +35,8 @@ class TransferRequest:
 
 # KV connections are pooled per decode server and prefill (a warm congestion window: no
 # slow start per request on a long-RTT WAN). Decode reuses the connection it returned
-# last, if idle less than this; prefill closes one idle twice as long.
+# last, if idle less than this; prefill closes one idle twice as long. The default of
+# ``servers.kv_pool_reuse_s``, dilated under emulation as the other KV timeouts are.
 POOL_REUSE_S = 30.0
 MAX_FRAME_BYTES = 8 << 20  # a KV chunk's payload: bounds memory per frame, shows progress
 
@@ -75,11 +77,15 @@ class Done:
     # Seconds the sender waited, after its first chunk, for prefill to compute the next:
     # the receiver's first-to-last-byte time less this is the wire's.
     sender_wait_s: float = 0.0
+    # The sender's TCP state (protocol.frames.tcp_state): its congestion window when the
+    # first chunk left, and the segments it retransmitted until this frame.
+    cwnd_bytes: int = 0
+    retransmits: int = 0
 
-    _FIXED = struct.Struct("!IQd")
+    _FIXED = struct.Struct("!IQdII")
 
     def encode(self) -> bytes:
-        return self._FIXED.pack(self.total_pages, self.total_bytes, self.sender_wait_s)
+        return self._FIXED.pack(*dataclasses.astuple(self))
 
     @classmethod
     def decode(cls, body: bytes) -> Done:

@@ -96,6 +96,8 @@ class RequestRecord(TokenTimes):
     kv_wire_bytes: int | None = None
     kv_link: str | None = None  # lan | wan
     kv_transfer_s: float | None = None
+    kv_cwnd_bytes: int | None = None  # the sender's congestion window at the first KV byte
+    kv_retransmits: int | None = None  # segments the sender retransmitted (TransferRecord)
     status: str = "ok"  # ok | error
     error: str | None = None
 
@@ -123,6 +125,12 @@ class TransferRecord:
     # Between its first and last chunk, the sender waited this long for prefill to
     # compute (a chunked prefill; a room that offered its cached pages first).
     sender_wait_s: float = 0.0
+    # The sender's TCP connection: its congestion window when the first chunk left (a
+    # window below the bandwidth-delay product costs slow-start round trips), and the
+    # segments it retransmitted (each loss costs about a round trip). The decode side
+    # has them from the Done frame, so losses in the last round trip are not counted.
+    cwnd_bytes: int = 0
+    retransmits: int = 0
 
     @property
     def ok(self) -> bool:

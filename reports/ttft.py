@@ -72,7 +72,11 @@ def prediction_error(run: RunData) -> pd.DataFrame:
     themselves (sizes seen at least three times), each measured time over its size's
     median, P90/P10 — how much transfers the router cannot tell apart vary (random
     loss, tail-loss timeouts, the servers' CPU): a floor under the error that no
-    prediction from size and backlog can go below."""
+    prediction from size and backlog can go below.
+
+    ``retransmitted_share``: transfers whose sender retransmitted (a random loss costs
+    about a round trip no prediction foresees); ``error_p95_no_retransmit``: the error
+    P95 over the others."""
     rows = []
     for name, s in run.systems.items():
         r = s.records
@@ -91,6 +95,8 @@ def prediction_error(run: RunData) -> pd.DataFrame:
         spread = (
             percentile(relative, 90) / percentile(relative, 10) if len(relative) >= 5 else np.nan
         )
+        resent = both.get("kv_retransmits", pd.Series(np.nan, index=both.index))
+        clean = err[resent == 0]
         rows.append(
             {
                 "system": name,
@@ -101,6 +107,10 @@ def prediction_error(run: RunData) -> pd.DataFrame:
                 "measured_mean_s": both["kv_transfer_s"].mean(),
                 "queued_mb_mean": both.get("wan_queued_bytes", pd.Series(dtype=float)).mean() / 1e6,
                 "lone_spread_p90_p10": spread,
+                "retransmitted_share": (resent > 0).sum() / resent.notna().sum()
+                if resent.notna().any()
+                else np.nan,
+                "error_p95_no_retransmit": percentile(clean, 95) if len(clean) else np.nan,
             }
         )
     return pd.DataFrame(rows)

@@ -290,6 +290,7 @@ class Deployment:
                 "wan_loss_pct": wan.loss_pct,
                 "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
                 "md_cache_tokens": self.scenario.servers.max_total_tokens,
+                "kv_pool_reuse_s": self.scenario.servers.kv_pool_reuse_s,
             }
         )
 
@@ -385,6 +386,7 @@ def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_k
         (Env.KV_TRANSFER_LOG, str(transfer_log)),
         (Env.KV_IDLE_TIMEOUT_S, str(cfg.kv_idle_timeout_s)),
         (Env.KV_LATE_LEG_TIMEOUT_S, str(cfg.kv_late_leg_s)),
+        (Env.KV_POOL_REUSE_TIMEOUT_S, str(cfg.kv_pool_reuse_s)),
     ]
     if frame_key:
         env.append((Env.FRAME_KEY, frame_key))

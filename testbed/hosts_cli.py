@@ -16,6 +16,7 @@ from rich.table import Table
 
 from protocol.env import Env
 from protocol.frames import new_frame_key
+from protocol.kv import POOL_REUSE_S
 from protocol.names import Role
 from testbed import model as model_mod
 from testbed.agent import HostAgent, key_fingerprint
@@ -76,6 +77,9 @@ def serve(
     kv_late_leg: float = typer.Option(
         10.0, help="Dual path: how long main decode's request may come after relay decode's."
     ),
+    kv_pool_reuse: float = typer.Option(
+        POOL_REUSE_S, help="Decode: reuse a pooled KV connection idle less than this."
+    ),
     frame_key_file: Path = typer.Option(
         None,
         help="The deployment's frame key (hex, as `testbed key` writes it): KV and handoff "
@@ -96,6 +100,7 @@ def serve(
     env = [
         (Env.KV_IDLE_TIMEOUT_S, str(kv_idle_timeout)),
         (Env.KV_LATE_LEG_TIMEOUT_S, str(kv_late_leg)),
+        (Env.KV_POOL_REUSE_TIMEOUT_S, str(kv_pool_reuse)),
     ]
     if transfer_log is not None:
         transfer_log = transfer_log.resolve()

@@ -18,12 +18,14 @@ from pydantic import (
 )
 
 from capacity.plan import PlanSpec
+from protocol.kv import POOL_REUSE_S
 from protocol.names import Role
 from reports.cost import CostTable
 from reports.sla import SLA
 from testbed.dilation import EmulationSpec
 from testbed.inventory import InventorySpec
 from testbed.router.config import PddConfig
+from topologies.link import DILATION_SAFE
 from topologies.spec import NetworkSpec
 
 # Shipped as package data (the checkout's scenarios/ links here); a relative trace path
@@ -85,6 +87,13 @@ class ServersSpec(BaseModel):
         description="Dual path: how long after relay decode's transfer request main "
         "decode's may come before prefill sends to relay decode only (dilated under "
         "emulation, as the idle timeout is).",
+    )
+    kv_pool_reuse_s: float = Field(
+        POOL_REUSE_S,
+        gt=0,
+        description="Decode servers reuse a pooled KV connection (and the congestion "
+        "window it grew) idle less than this; prefill closes one idle twice as long "
+        "(dilated under emulation: a deployment's pool outlives many requests).",
     )
     port: int = Field(
         30000, ge=1, le=65535, description="HTTP port of every server (each has its own host)."
@@ -311,6 +320,18 @@ class Scenario(BaseModel):
     def _emulation_profiles_exist(self) -> Scenario:
         if self.emulation is not None:
             self.emulation.check_profiles(self.cost.site_accelerators)
+        return self
+
+    @model_validator(mode="after")
+    def _emulated_tcp_dilates(self) -> Scenario:
+        cc = self.network.wan.congestion_control
+        if self.emulation is not None and cc not in DILATION_SAFE:
+            raise ValueError(
+                f"network.wan.congestion_control {cc!r} does not dilate: under emulation "
+                "every time is stretched k times, but cubic's growth and HyStart's delay "
+                "thresholds (and BBR's timers) are wall-clock constants, so the WAN would "
+                f"carry KV unlike the target's. Use one of {DILATION_SAFE} (per round trip)."
+            )
         return self
 
     @model_validator(mode="after")

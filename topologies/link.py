@@ -7,6 +7,12 @@ import math
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 CONGESTION_CONTROLS = ("cubic", "bbr", "reno")
+# Congestion controls whose every rule counts round trips and bytes, not seconds, so a
+# time-dilated WAN (testbed.dilation) runs them as the target would. Cubic's not: its
+# window grows with wall-clock time (C t^3), and HyStart leaves slow start when the RTT
+# rises 4-16 ms, which a dilated jitter always does (measured at hetero's k = 173: it
+# left slow start at 28 segments, where reno doubled on to the pipe).
+DILATION_SAFE = ("reno",)
 
 
 class LinkSpec(BaseModel):

@@ -31,7 +31,6 @@ from protocol.kv import POOL_REUSE_S, TransferRequest
 from protocol.records import JsonlWriter
 
 logger = logging.getLogger("pdd.kv_transfer")
-POOL_IDLE_S = 2 * POOL_REUSE_S  # prefill closes a pooled connection idle this long
 MAX_CONNECTIONS = 512  # requests being read or parked on the prefill listener
 
 
@@ -44,6 +43,7 @@ class Timeouts:
     first_data: float = 300.0  # decode waits this long for prefill to compute
     idle: float = 30.0
     late_leg: float = 10.0  # dual path: how long after the first the second may join
+    pool_reuse: float = POOL_REUSE_S  # decode reuses a pooled connection idle less than this
 
     @classmethod
     def from_env(cls) -> Timeouts:
@@ -177,7 +177,7 @@ class TcpKVManager(BaseKVManager):
         """Prefill: after a finished transfer, wait on the same connection for the next."""
         threading.Thread(
             target=self._read_request,
-            args=(conn, peer, POOL_IDLE_S),
+            args=(conn, peer, 2 * self.timeouts.pool_reuse),  # then prefill closes it
             name="pdd-kv-request",
             daemon=True,
         ).start()
@@ -188,7 +188,7 @@ class TcpKVManager(BaseKVManager):
             idle = self._idle.get(addr, [])
             while idle:
                 sock, since = idle.pop()
-                if time.monotonic() - since < POOL_REUSE_S and _still_open(sock):
+                if time.monotonic() - since < self.timeouts.pool_reuse and _still_open(sock):
                     return sock
                 sock.close()
         return None

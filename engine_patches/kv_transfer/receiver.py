@@ -228,6 +228,7 @@ class TcpKVReceiver(BaseKVReceiver):
             elif kind == MsgType.DONE:
                 done = Done.decode(bytes(body))
                 record.sender_wait_s = done.sender_wait_s
+                record.cwnd_bytes, record.retransmits = done.cwnd_bytes, done.retransmits
                 received = progress["pages"]
                 if done.total_pages != received or received != len(pages):
                     raise ProtocolError(

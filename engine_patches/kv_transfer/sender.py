@@ -36,7 +36,7 @@ import numpy as np
 from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransferMetric
 
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
-from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame
+from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame, tcp_state
 from protocol.kv import Done, KvChunkHeader, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
@@ -60,6 +60,7 @@ class _Leg:
         self.released = False  # the connection went back to the manager for reuse
         self.record: TransferRecord | None = None
         self.skip = 0  # leading pages of the send stream this destination already holds
+        self._retransmitted = 0  # the connection's retransmissions before this transfer
 
     @property
     def request(self):
@@ -129,8 +130,16 @@ class _Leg:
                     self.record.wire_bytes += send_frame(
                         conn, MsgType.AUX, room, crc32(parts).to_bytes(4, "big"), *parts
                     )
-                done = Done(sent, self.record.kv_bytes, self.record.sender_wait_s).encode()
-                self.record.wire_bytes += send_frame(conn, MsgType.DONE, room, done)
+                record = self.record
+                record.retransmits = tcp_state(conn)[1] - self._retransmitted
+                done = Done(
+                    sent,
+                    record.kv_bytes,
+                    sender_wait_s=record.sender_wait_s,
+                    cwnd_bytes=record.cwnd_bytes,
+                    retransmits=record.retransmits,
+                )
+                record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
                 kind, _, body = recv_frame(conn)
                 if kind == MsgType.FAILURE:
                     raise KVTransferError(f"decode refused: {body.decode(errors='replace')}")
@@ -140,6 +149,7 @@ class _Leg:
                     if self.state != "pending":
                         return
                     self.state = "success"
+                record.retransmits = tcp_state(conn)[1] - self._retransmitted  # and the last RTT
                 self._finish_record("success", None)
                 self.released = True
                 mgr.reuse_connection(conn, self.incoming.peer)
@@ -158,6 +168,7 @@ class _Leg:
             payload = [t.numpy() for t in pool.read(part)]
             if self.record.first_byte is None:
                 self.record.first_byte = time.time()
+                self.record.cwnd_bytes, self._retransmitted = tcp_state(conn)
             header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
             self.record.wire_bytes += send_frame(
                 conn, MsgType.KV_CHUNK, self.sender.room, header, *payload

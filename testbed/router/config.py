@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.kv import POOL_REUSE_S
 from protocol.names import Role
 from testbed.router.validate import RequestLimits
 
@@ -33,6 +34,9 @@ class PddConfig(BaseModel):
     wan_one_way_s: float = Field(0.0, ge=0, description="WAN one-way delay the router plans with.")
     wan_loss_pct: float = Field(
         0.0, ge=0, lt=100, description="WAN loss the router plans with (bounds one flow's rate)."
+    )
+    kv_pool_reuse_s: float = Field(
+        POOL_REUSE_S, gt=0, description="Decode servers' KV connection reuse (servers.)."
     )
     md_cache_tokens: int = Field(
         65536, gt=0, description="Main decode's KV pool: the most its prefix cache holds."

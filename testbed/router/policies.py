@@ -174,7 +174,12 @@ class ThresholdPolicy(PddPolicy):
 
 def wan_line(pdd: PddConfig) -> WanLine:
     """A WAN line seeded by the configured rate (bytes/s), one-way delay and loss."""
-    return WanLine(pdd.wan_rate_mbit * 1e6 / 8, pdd.wan_one_way_s, loss=pdd.wan_loss_pct / 100)
+    return WanLine(
+        pdd.wan_rate_mbit * 1e6 / 8,
+        pdd.wan_one_way_s,
+        loss=pdd.wan_loss_pct / 100,
+        pool_reuse_s=pdd.kv_pool_reuse_s,
+    )
 
 
 def prompt_tokens(body: dict) -> list[int] | None:

@@ -122,6 +122,7 @@ class TransferIndex:
         record.kv_bytes, record.kv_wire_bytes = transfer.kv_bytes, transfer.wire_bytes
         record.cached_tokens_decode = transfer.decode_prefix_len
         record.kv_transfer_s = transfer.seconds
+        record.kv_cwnd_bytes, record.kv_retransmits = transfer.cwnd_bytes, transfer.retransmits
         record.kv_link = "lan" if route.prefill.site == server.site else "wan"
         if record.kv_link == "wan":
             record.wan_first_byte, record.wan_end = transfer.first_byte, transfer.end

@@ -25,10 +25,10 @@ One flow alone pays, on top of its bytes at the goodput:
 
 - TCP slow start, a round trip per doubling of its window until the window fills the
   pipe, from the window its connection already has. Decode servers pool their KV
-  connections and reuse the one returned last (``protocol.kv.POOL_REUSE_S``), so the
-  line mirrors that pool: a connection that carried ``x`` bytes comes back with a
-  window of about ``x`` (at most the pipe); only a new one starts from the initial
-  window.
+  connections and reuse the one returned last (``servers.kv_pool_reuse_s``), so the
+  line mirrors that pool: slow start grows a window by every byte acknowledged, so a
+  connection that carried ``x`` bytes from a window ``w`` comes back with ``w + x`` (at
+  most the pipe); only a new one starts from the initial window.
 - Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
   losses): a lossy flow's window settles where losses halve it, about
   ``sqrt(3/2) * MSS / sqrt(p)`` per round trip (Mathis et al.). At 0.1% loss and a
@@ -129,8 +129,10 @@ class WanLine:
         weight: float = 0.2,
         clock=time.time,
         loss: float = 0.0,
+        pool_reuse_s: float = POOL_REUSE_S,
     ) -> None:
         self.rtt = 2 * one_way_s
+        self.pool_reuse_s = pool_reuse_s  # decode servers' (servers.kv_pool_reuse_s)
         self.rate = float(rate_bytes_s)  # the line as configured
         self.flow_bound = flow_rate_bound(self.rtt, loss)  # a long lossy flow's rate
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
@@ -194,7 +196,7 @@ class WanLine:
     def _window(self, now: float, take: bool) -> float:
         """The congestion window the next transfer's connection has: the pool's last
         returned one if still reused, else a new connection's (``take``: check it out)."""
-        self.pool = [(w, since) for w, since in self.pool if now - since < POOL_REUSE_S]
+        self.pool = [(w, since) for w, since in self.pool if now - since < self.pool_reuse_s]
         if not self.pool:
             return INITIAL_WINDOW
         return self.pool.pop()[0] if take else self.pool[-1][0]
@@ -232,8 +234,9 @@ class WanLine:
             return
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return  # a failed transfer's connection is closed, not pooled
+        # Slow start grows the window by every byte acknowledged, up to the pipe.
         pipe = max(self.goodput * self.rtt, INITIAL_WINDOW)
-        self.pool.append((min(max(item.window, float(record.wire_bytes)), pipe), self._as_of))
+        self.pool.append((min(item.window + record.wire_bytes, pipe), self._as_of))
         first, end = record.end - record.seconds, record.end
         shared = any(f < end and first < e for f, e in self.recent) or any(
             o.started < end and o.left > 0 for o in self.outstanding.values()

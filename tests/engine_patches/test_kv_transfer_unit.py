@@ -11,7 +11,7 @@ import torch
 
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol.env import Env
-from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame
+from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame, tcp_state
 from protocol.kv import Done, KvChunkHeader, TransferRequest
 
 
@@ -36,8 +36,9 @@ def test_frames_cross_a_real_socket_and_bad_peers_are_refused():
     assert KvChunkHeader.decode(body) == KvChunkHeader(3, 4, 99)
     assert np.frombuffer(body[KvChunkHeader.size :], np.float32).tolist() == payload.tolist()
 
-    send_frame(a, MsgType.DONE, 1, Done(4, 16000).encode())
-    assert Done.decode(bytes(recv_frame(b)[2])) == Done(4, 16000)
+    done = Done(4, 16000, sender_wait_s=0.25, cwnd_bytes=14480, retransmits=3)
+    send_frame(a, MsgType.DONE, 1, done.encode())
+    assert Done.decode(bytes(recv_frame(b)[2])) == done
 
     a.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
     with pytest.raises(ProtocolError, match="bad magic"):
@@ -45,6 +46,23 @@ def test_frames_cross_a_real_socket_and_bad_peers_are_refused():
     a.close()
     with pytest.raises(ConnectionResetError):
         recv_frame(b)
+
+
+def test_tcp_state_reads_the_kernels_window_and_retransmissions():
+    """A new loopback connection starts from Linux's initial window (10 segments) and
+    has retransmitted nothing; a socket that is not TCP says nothing rather than fail."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        cwnd, retransmits = tcp_state(client)
+        mss = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+        assert (cwnd, retransmits) == (10 * mss, 0)
+        client.close()
+        peer.close()
+    a, b = socket.socketpair()
+    assert tcp_state(a) == (0, 0)
+    a.close()
+    b.close()
 
 
 def test_buffer_set_reads_and_writes_pages_of_every_buffer():

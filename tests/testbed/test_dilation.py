@@ -31,6 +31,7 @@ def test_the_testbed_view_dilates_every_time_and_scales_the_wan_rate():
     # the KV backend's waits: a stalled transfer, a dual path's late main-decode request
     assert run.servers.kv_idle_timeout_s == pytest.approx(target.servers.kv_idle_timeout_s * k)
     assert run.servers.kv_late_leg_s == pytest.approx(target.servers.kv_late_leg_s * k)
+    assert run.servers.kv_pool_reuse_s == pytest.approx(target.servers.kv_pool_reuse_s * k)
     assert run.workload.generator["time_scale"] == pytest.approx(k)
     # A 100-token KV transfer takes the target's time x k on the dilated link.
     target_s = 100 * 50_000 * 8 / (target.network.wan.rate_mbit * 1e6)
@@ -80,6 +81,7 @@ def test_each_site_paces_as_its_own_chip():
             "GPU-Z",
         ),
         ({"model": "1T-moe", "dilation": 0.5}, {}, "greater than or equal to 1"),
+        ({"model": "1T-moe"}, {}, "congestion_control 'cubic' does not dilate"),  # default
     ],
 )
 def test_invalid_emulation_is_refused_before_anything_starts(tmp_path, emulation, cost, message):

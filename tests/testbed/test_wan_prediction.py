@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from protocol.records import TransferRecord
-from testbed.router.wan import WanLine, flow_rate_bound, slow_start_s
+from testbed.router.wan import INITIAL_WINDOW, WanLine, flow_rate_bound, slow_start_s
 
 MB = 1_000_000
 
@@ -178,13 +178,11 @@ def test_no_flow_and_no_line_outrun_the_configured_rate():
 
 def test_a_reused_connection_keeps_its_window_and_only_a_new_one_pays_slow_start():
     """Decode pools its KV connections: the one returned last is reused while it idled
-    less than POOL_REUSE_S, with the window its last transfer grew; a second transfer at
-    the same time, or one after the pool went stale, opens a new connection."""
-    from protocol.kv import POOL_REUSE_S
-
+    less than servers.kv_pool_reuse_s, with the window its last transfer grew; a second
+    transfer at the same time, or one after the pool went stale, opens a new connection."""
     clock = Clock()
-    rate, rtt = 10 * MB, 0.02
-    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    rate, rtt, reuse = 10 * MB, 0.02, 5.0
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock, pool_reuse_s=reuse)
     cold = line.predict(MB).seconds
     line.start(room=1, nbytes=MB)
     clock.now += cold
@@ -196,12 +194,29 @@ def test_a_reused_connection_keeps_its_window_and_only_a_new_one_pays_slow_start
     assert concurrent - slow_start_s(MB, line.goodput, rtt) > warm
     clock.now += 1.0
     line.settle(2, settled(2, MB, warm))
-    clock.now += POOL_REUSE_S + 1  # idle too long: decode opens a new connection
+    clock.now += reuse + 1  # idle too long: decode opens a new connection
     assert line.predict(MB).seconds == pytest.approx(cold, rel=0.05)
     line.start(room=3, nbytes=MB)
     clock.now += 1.0
     line.settle(3, settled(3, MB, 0.0, status="failed"))  # closed, not pooled
     assert line.predict(MB).seconds == pytest.approx(cold, rel=0.05)
+
+
+def test_slow_start_grows_a_pooled_window_by_the_bytes_it_carried():
+    """A window w that carried x bytes in slow start comes back as w + x (each byte
+    acknowledged adds one), so the next transfer starts from there."""
+    clock = Clock()
+    rate, rtt = 10 * MB, 1.0  # a 10 MB pipe: small transfers never leave slow start
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    small = 3 * INITIAL_WINDOW
+    line.start(room=1, nbytes=small)
+    clock.now += 3.0
+    line.settle(1, settled(1, small, 2 * rtt))
+    expected = slow_start_s(MB, line.goodput, rtt, window=INITIAL_WINDOW + small)
+    assert expected < slow_start_s(MB, line.goodput, rtt)  # fewer rounds than a new one
+    assert line.predict(MB).seconds == pytest.approx(
+        line.fit.overhead + expected + MB / line.goodput, rel=0.01
+    )
 
 
 def test_a_transfer_that_never_settles_does_not_keep_the_fit_from_learning():
