@@ -38,6 +38,9 @@ class TransferRequest:
 # last, if idle less than this; prefill closes one idle twice as long. The default of
 # ``servers.kv_pool_reuse_s``, dilated under emulation as the other KV timeouts are.
 POOL_REUSE_S = 30.0
+# The other defaults a deployment passes its servers (servers.kv_*; dilated likewise):
+IDLE_TIMEOUT_S = 30.0  # a transfer that makes no progress this long fails (a cut WAN)
+LATE_LEG_S = 10.0  # dual path: main decode's request may come this long after relay decode's
 MAX_FRAME_BYTES = 8 << 20  # a KV chunk's payload: bounds memory per frame, shows progress
 
 

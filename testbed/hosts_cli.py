@@ -16,7 +16,7 @@ from rich.table import Table
 
 from protocol.env import Env
 from protocol.frames import new_frame_key
-from protocol.kv import POOL_REUSE_S
+from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S
 from protocol.names import Role
 from testbed import model as model_mod
 from testbed.agent import HostAgent, key_fingerprint
@@ -73,9 +73,11 @@ def serve(
     transfer_log: Path = typer.Option(
         None, help="Where the server logs each KV transfer and handoff (JSON lines)."
     ),
-    kv_idle_timeout: float = typer.Option(30.0, help="A stalled KV transfer fails after this."),
+    kv_idle_timeout: float = typer.Option(
+        IDLE_TIMEOUT_S, help="A stalled KV transfer fails after this."
+    ),
     kv_late_leg: float = typer.Option(
-        10.0, help="Dual path: how long main decode's request may come after relay decode's."
+        LATE_LEG_S, help="Dual path: how long main decode's request may come after relay decode's."
     ),
     kv_pool_reuse: float = typer.Option(
         POOL_REUSE_S, help="Decode: reuse a pooled KV connection idle less than this."

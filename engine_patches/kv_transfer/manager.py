@@ -27,7 +27,7 @@ from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol import tls
 from protocol.env import Env, kv_timeout
 from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
-from protocol.kv import POOL_REUSE_S, TransferRequest
+from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S, TransferRequest
 from protocol.records import JsonlWriter
 
 logger = logging.getLogger("pdd.kv_transfer")
@@ -41,8 +41,8 @@ class Timeouts:
     connect: float = 10.0
     bootstrap: float = 300.0  # prefill waits this long for decode's request
     first_data: float = 300.0  # decode waits this long for prefill to compute
-    idle: float = 30.0
-    late_leg: float = 10.0  # dual path: how long after the first the second may join
+    idle: float = IDLE_TIMEOUT_S
+    late_leg: float = LATE_LEG_S  # dual path: how long after the first the second may join
     pool_reuse: float = POOL_REUSE_S  # decode reuses a pooled connection idle less than this
 
     @classmethod

@@ -21,12 +21,14 @@ rounds (:func:`settle`)::
     no round left ──▶ the smallest k whose own slice fitted it (proposal <= k),
                       else the largest proposal
 
-Recorded in ``emulation.json`` (``calibration``, with every round).
+Recorded in ``emulation.json`` (``calibration``, with every round); round n's slice in
+``calibration/round-n/``.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -57,20 +59,30 @@ def proposal(needed_k: float, margin: float) -> int:
     return max(1, math.ceil(needed_k * margin))
 
 
-def settle(rounds: list[dict], tolerance: float, max_rounds: int) -> tuple[float | None, str]:
-    """The k to run at after these rounds (each ``{"tried", "proposal"}``), or None
-    while another round should run; with why."""
+@dataclass(frozen=True)
+class Decision:
+    k: float | None  # the dilation to run at; None while another round should run
+    round: dict | None  # the slice whose passes justify k (its measurements are recorded)
+    why: str
+
+
+def settle(rounds: list[dict], tolerance: float, max_rounds: int) -> Decision:
+    """What these rounds (each ``{"tried", "proposal"}``) decide."""
     last = rounds[-1]
     if abs(last["proposal"] - last["tried"]) <= tolerance * last["tried"]:
-        return last["proposal"], f"settled: k = {last['tried']:g} proposed {last['proposal']}"
+        why = f"settled: k = {last['tried']:g} proposed {last['proposal']}"
+        return Decision(last["proposal"], last, why)
     if len(rounds) < max_rounds:
-        return None, f"k = {last['tried']:g} proposed {last['proposal']}: another round"
-    fitted = [r["tried"] for r in rounds if r["proposal"] <= r["tried"]]
+        why = f"k = {last['tried']:g} proposed {last['proposal']}: another round"
+        return Decision(None, None, why)
+    fitted = [r for r in rounds if r["proposal"] <= r["tried"]]
     if fitted:
-        return min(fitted), f"unsettled after {len(rounds)} rounds: the smallest k that fitted"
-    return max(r["proposal"] for r in rounds), (
-        f"unsettled after {len(rounds)} rounds and none fitted: the largest proposal"
-    )
+        best = min(fitted, key=lambda r: r["tried"])
+        why = f"unsettled after {len(rounds)} rounds: the smallest k that fitted"
+        return Decision(best["tried"], best, why)
+    best = max(rounds, key=lambda r: r["proposal"])
+    why = f"unsettled after {len(rounds)} rounds and none fitted: the largest proposal"
+    return Decision(best["proposal"], best, why)
 
 
 def calibrate(target, tiny_kv: int, run_dir: Path, console, run_system) -> dict:
@@ -80,21 +92,20 @@ def calibrate(target, tiny_kv: int, run_dir: Path, console, run_system) -> dict:
     rounds: list[dict] = []
     k: float = spec.dilation
     while True:
-        out = Path(run_dir) / "calibration" / (f"round-{len(rounds)}" if rounds else "")
+        out = Path(run_dir) / "calibration" / f"round-{len(rounds) + 1}"
         found = calibration_slice(with_dilation(target, k), tiny_kv, out, console, run_system)
         rounds.append(found)
-        chosen, why = settle(rounds, spec.calibration_tolerance, spec.calibration_rounds)
-        console.print(f"calibration: {why}")
-        if chosen is not None:
+        decision = settle(rounds, spec.calibration_tolerance, spec.calibration_rounds)
+        console.print(f"calibration: {decision.why}")
+        if decision.k is not None:
             break
         k = found["proposal"]
-    final = next((r for r in reversed(rounds) if r["tried"] == chosen), rounds[-1])
     return {
-        **{key: final[key] for key in ("system", "needed", "by_pass")},
+        **{key: decision.round[key] for key in ("system", "needed", "by_pass")},
         "tried": spec.dilation,
         "margin": spec.calibration_margin,
-        "dilation": chosen,
-        "decision": why,
+        "dilation": decision.k,
+        "decision": decision.why,
         "rounds": [{key: r[key] for key in ("tried", "needed", "proposal")} for r in rounds],
     }
 

@@ -145,13 +145,9 @@ class WanLine:
 
     @property
     def goodput(self) -> float:
-        """Bytes per second a loss-free transfer achieves with the line to itself (fitted)."""
+        """Bytes per second a loss-free transfer achieves with the line to itself, which
+        is what the line carries in all (fitted; never above the configured rate)."""
         return self.fit.goodput
-
-    @property
-    def line_rate(self) -> float:
-        """What the line carries in all, as the fit sees it (never above the configured rate)."""
-        return min(self.rate, self.fit.goodput)
 
     def loss_s(self, nbytes: float) -> float:
         """What random loss adds to one flow of ``nbytes``: past its loss-free run, it
@@ -176,7 +172,7 @@ class WanLine:
         elapsed, self._as_of = max(0.0, now - self._as_of), now
         active = [o for o in self.outstanding.values() if o.left > 0]
         while elapsed > 0 and active:
-            share = min(self.goodput, self.line_rate / len(active))
+            share = self.goodput / len(active)
             rates = [self._flow_rate(o, share) for o in active]
             until = [  # each transfer's next event: done, or the end of its loss-free run
                 min(o.left, self._loss_free_left(o) or o.left) / r
@@ -211,7 +207,7 @@ class WanLine:
             self.fit.overhead
             + slow_start_s(own_bytes, self.goodput, self.rtt, window)
             + max(
-                (own_bytes + shared) / self.line_rate,
+                (own_bytes + shared) / self.goodput,
                 own_bytes / self.goodput + self.loss_s(own_bytes),
             )
         )

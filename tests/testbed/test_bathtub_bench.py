@@ -54,6 +54,8 @@ def test_calibration_picks_the_dilation_the_run_then_uses(tmp_path):
     first system, then the run at the k every server's passes needed (x the margin)."""
     import math
 
+    from testbed.bench.calibrate import settle
+
     base = Scenario.load("bathtub").model_dump()
     base["workload"]["generator"].update(sessions=2, fixed_hit=0.5)
     base["emulation"].update(calibrate=True, calibration_requests=2, calibration_rounds=2)
@@ -73,14 +75,10 @@ def test_calibration_picks_the_dilation_the_run_then_uses(tmp_path):
         assert r["proposal"] == max(1, math.ceil(r["needed"] * 1.2))
     for before, after in zip(rounds, rounds[1:], strict=False):  # ... and the next runs there
         assert after["tried"] == before["proposal"]
-    last = rounds[-1]
-    if abs(last["proposal"] - last["tried"]) <= 0.15 * last["tried"]:
-        assert calibration["dilation"] == last["proposal"]
-    else:  # two rounds and unsettled: a k that fitted its own slice, or the largest proposal
-        fitted = [r["tried"] for r in rounds if r["proposal"] <= r["tried"]]
-        expected = min(fitted) if fitted else max(r["proposal"] for r in rounds)
-        assert len(rounds) == 2 and calibration["dilation"] == expected
-    assert (run_dir / "calibration" / "colocated" / "records.parquet").exists()
+    decision = settle(rounds, tolerance=0.15, max_rounds=2)  # (its rule: test_calibrate)
+    assert (calibration["dilation"], calibration["decision"]) == (decision.k, decision.why)
+    for n in range(1, len(rounds) + 1):
+        assert (run_dir / "calibration" / f"round-{n}" / "colocated" / "records.parquet").exists()
     run = load_run(run_dir)  # the calibration slice is not one of the run's systems
     assert list(run.systems) == ["colocated"] and len(run.systems["colocated"].records) == 2
     assert "Dilation calibrated" in (run_dir / "report.html").read_text()

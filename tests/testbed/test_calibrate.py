@@ -55,5 +55,9 @@ def _round(tried, proposal):
 def test_calibration_runs_rounds_until_the_proposal_settles(rounds, chosen):
     from testbed.bench.calibrate import settle
 
-    k, why = settle(rounds, tolerance=0.15, max_rounds=3)
-    assert k == chosen, why
+    decision = settle(rounds, tolerance=0.15, max_rounds=3)
+    assert decision.k == chosen, decision.why
+    if chosen is not None:  # the slice whose measurements the run records: it tried k ...
+        assert decision.round["tried"] == chosen or decision.round["proposal"] == chosen
+    else:
+        assert decision.round is None

@@ -1,0 +1,100 @@
+"""``workload:`` in a scenario: what the clients send, and the trace file it becomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot become a trace (a missing file, bad generator settings)."""
+
+
+class WorkloadSpec(BaseModel):
+    """What the clients send: a trace file, or the agentic generator's settings."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    trace: Path | None = Field(None, description="A trace file (pdd, mooncake, azure, tracelab).")
+    format: str = Field("auto", description="Trace format, or auto.")
+    generator: dict = Field(default_factory=dict, description="AgenticConfig overrides.")
+    mode: str = Field("closed", pattern="^(closed|open)$", description="closed or open loop.")
+    users: int = Field(4, ge=1, description="Concurrent Locust users (closed loop: sessions).")
+    workers: int = Field(
+        0,
+        ge=0,
+        le=16,
+        description="Locust workers (its distributed mode: a master and this many workers, "
+        "each replaying its shard of the sessions); 0: one process.",
+    )
+    duration_s: float = Field(300, gt=0, description="Upper bound on the load's run time.")
+    stop_timeout_s: float = Field(
+        30,
+        ge=0,
+        allow_inf_nan=False,
+        description="At the load's end, how long requests in flight may finish (dilated "
+        "under emulation, at most 600 s in testbed time); those cut are client_cancelled.",
+    )
+    max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
+    speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")
+    arrival: str = Field(
+        "trace",
+        pattern="^(trace|poisson|constant)$",
+        description="Open loop: the trace's arrival times, or a Poisson or constant rate.",
+    )
+    rate_rps: float = Field(
+        1.0, gt=0, description="Open loop, poisson/constant: requests per second."
+    )
+    vocab_size: int = Field(4096, gt=11, description="Synthesized token ids stay below this.")
+    # A trace file's scaling (workloads.scaling; the generator has its own):
+    length_scale: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="Trace file: scale prompt lengths (blocks)."
+    )
+    output_scale: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Trace file: scale outputs (default: length)."
+    )
+    time_scale: float = Field(
+        1.0, gt=0, allow_inf_nan=False, description="Trace file: scale arrivals and think times."
+    )
+    max_context_tokens: int | None = Field(
+        None, ge=1, description="Trace file: cap prompts (after scaling) at this many tokens."
+    )
+
+    @property
+    def scaling(self):
+        from workloads.scaling import Scaling
+
+        return Scaling(
+            self.length_scale, self.output_scale, self.time_scale, self.max_context_tokens
+        )
+
+    def materialize(self, run_dir: Path) -> Path:
+        """The trace file to replay: the given one (scaled into ``run_dir`` when the
+        scenario scales it), or a generated one in ``run_dir``."""
+        if self.trace is not None:
+            if not self.trace.exists():
+                raise WorkloadError(f"workload.trace {self.trace} does not exist")
+            if self.scaling.identity:
+                return self.trace
+            from workloads.readers import read_trace
+            from workloads.scaling import scale_trace
+
+            try:
+                scaled = scale_trace(read_trace(self.trace, self.format), self.scaling)
+            except ValueError as exc:
+                raise WorkloadError(f"workload: {exc}") from exc
+            path = Path(run_dir) / "trace.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            scaled.to_jsonl(path)
+            return path
+        from workloads.generator import AgenticConfig, generate
+
+        try:
+            config = AgenticConfig(**self.generator)
+        except (TypeError, ValueError) as exc:
+            raise WorkloadError(f"workload.generator: {exc}") from exc
+        path = Path(run_dir) / "trace.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        generate(config).to_jsonl(path)
+        return path
