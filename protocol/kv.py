@@ -81,11 +81,13 @@ class Done:
     # the receiver's first-to-last-byte time less this is the wire's.
     sender_wait_s: float = 0.0
     # The sender's TCP state (protocol.frames.tcp_state): its congestion window when the
-    # first chunk left, and the segments it retransmitted until this frame.
+    # first chunk left, the segments it retransmitted until this frame, and its window
+    # now (what the connection's next transfer starts from).
     cwnd_bytes: int = 0
     retransmits: int = 0
+    cwnd_end_bytes: int = 0
 
-    _FIXED = struct.Struct("!IQdII")
+    _FIXED = struct.Struct("!IQdIII")
 
     def encode(self) -> bytes:
         return self._FIXED.pack(*dataclasses.astuple(self))

@@ -131,13 +131,15 @@ class _Leg:
                         conn, MsgType.AUX, room, crc32(parts).to_bytes(4, "big"), *parts
                     )
                 record = self.record
-                record.retransmits = tcp_state(conn)[1] - self._retransmitted
+                record.cwnd_end_bytes, retransmitted = tcp_state(conn)
+                record.retransmits = retransmitted - self._retransmitted
                 done = Done(
                     sent,
                     record.kv_bytes,
                     sender_wait_s=record.sender_wait_s,
                     cwnd_bytes=record.cwnd_bytes,
                     retransmits=record.retransmits,
+                    cwnd_end_bytes=record.cwnd_end_bytes,
                 )
                 record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
                 kind, _, body = recv_frame(conn)
@@ -149,7 +151,8 @@ class _Leg:
                     if self.state != "pending":
                         return
                     self.state = "success"
-                record.retransmits = tcp_state(conn)[1] - self._retransmitted  # and the last RTT
+                record.cwnd_end_bytes, retransmitted = tcp_state(conn)  # and the last RTT
+                record.retransmits = retransmitted - self._retransmitted
                 self._finish_record("success", None)
                 self.released = True
                 mgr.reuse_connection(conn, self.incoming.peer)

@@ -26,9 +26,11 @@ One flow alone pays, on top of its bytes at the goodput:
 - TCP slow start, a round trip per doubling of its window until the window fills the
   pipe, from the window its connection already has. Decode servers pool their KV
   connections and reuse the one returned last (``servers.kv_pool_reuse_s``), so the
-  line mirrors that pool: slow start grows a window by every byte acknowledged, so a
-  connection that carried ``x`` bytes from a window ``w`` comes back with ``w + x`` (at
-  most the pipe); only a new one starts from the initial window.
+  line mirrors that pool: a connection comes back with the window its sender reported
+  at the end of its transfer (``TransferRecord.cwnd_end_bytes``: loss shrinks it, slow
+  start grows it by every byte acknowledged: ``w + x`` after ``x`` bytes from ``w``,
+  the model's guess where the sender said nothing); only a new one starts from the
+  initial window.
 - Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
   losses): a lossy flow's window settles where losses halve it, about
   ``sqrt(3/2) * MSS / sqrt(p)`` per round trip (Mathis et al.). At 0.1% loss and a
@@ -230,9 +232,11 @@ class WanLine:
             return
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return  # a failed transfer's connection is closed, not pooled
-        # Slow start grows the window by every byte acknowledged, up to the pipe.
+        # The sender's window as it ended (the Done frame); without it, slow start's: it
+        # grows by every byte acknowledged, up to the pipe.
         pipe = max(self.goodput * self.rtt, INITIAL_WINDOW)
-        self.pool.append((min(item.window + record.wire_bytes, pipe), self._as_of))
+        window = record.cwnd_end_bytes or min(item.window + record.wire_bytes, pipe)
+        self.pool.append((float(window), self._as_of))
         first, end = record.end - record.seconds, record.end
         shared = any(f < end and first < e for f, e in self.recent) or any(
             o.started < end and o.left > 0 for o in self.outstanding.values()
@@ -240,5 +244,6 @@ class WanLine:
         self.recent.append((first, end))
         if not shared:  # what slow start and loss explain is not the overhead's
             x = record.wire_bytes
-            explained = slow_start_s(x, self.goodput, self.rtt, item.window) + self.loss_s(x)
+            start = record.cwnd_bytes or item.window  # measured, where the sender said
+            explained = slow_start_s(x, self.goodput, self.rtt, start) + self.loss_s(x)
             self.fit.add(x, record.seconds - explained)

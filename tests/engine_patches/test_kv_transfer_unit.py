@@ -36,7 +36,7 @@ def test_frames_cross_a_real_socket_and_bad_peers_are_refused():
     assert KvChunkHeader.decode(body) == KvChunkHeader(3, 4, 99)
     assert np.frombuffer(body[KvChunkHeader.size :], np.float32).tolist() == payload.tolist()
 
-    done = Done(4, 16000, sender_wait_s=0.25, cwnd_bytes=14480, retransmits=3)
+    done = Done(4, 16000, sender_wait_s=0.25, cwnd_bytes=14480, retransmits=3, cwnd_end_bytes=5)
     send_frame(a, MsgType.DONE, 1, done.encode())
     assert Done.decode(bytes(recv_frame(b)[2])) == done
 

@@ -21,9 +21,10 @@ class Clock:
 
 
 def settled(
-    room: int, nbytes: int, seconds: float, status: str = "success", end: float = 10.0
+    room: int, nbytes: int, seconds: float, status: str = "success", end: float = 10.0, **tcp
 ) -> TransferRecord:
-    """The receiver's record of a transfer whose last byte came at ``end``."""
+    """The receiver's record of a transfer whose last byte came at ``end`` (``tcp``: the
+    sender's cwnd_bytes, cwnd_end_bytes, retransmits from its Done frame)."""
     return TransferRecord(
         room=room,
         side="decode",
@@ -34,6 +35,7 @@ def settled(
         status=status,
         kv_bytes=nbytes,
         wire_bytes=nbytes,
+        **tcp,
     )
 
 
@@ -214,6 +216,22 @@ def test_slow_start_grows_a_pooled_window_by_the_bytes_it_carried():
     line.settle(1, settled(1, small, 2 * rtt))
     expected = slow_start_s(MB, line.goodput, rtt, window=INITIAL_WINDOW + small)
     assert expected < slow_start_s(MB, line.goodput, rtt)  # fewer rounds than a new one
+    assert line.predict(MB).seconds == pytest.approx(
+        line.fit.overhead + expected + MB / line.goodput, rel=0.01
+    )
+
+
+def test_the_window_the_sender_reported_is_the_one_the_next_transfer_starts_from():
+    """Loss shrinks a window where slow start alone would have grown it: the pool's
+    window is the sender's own at the end of the transfer (its Done frame)."""
+    clock = Clock()
+    rate, rtt = 10 * MB, 1.0
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    line.start(room=1, nbytes=MB)
+    clock.now += 5.0
+    line.settle(1, settled(1, MB, 4.0, cwnd_bytes=INITIAL_WINDOW, cwnd_end_bytes=30_000))
+    assert line.pool[-1][0] == 30_000  # not 14.5 KB + 1 MB
+    expected = slow_start_s(MB, line.goodput, rtt, window=30_000)
     assert line.predict(MB).seconds == pytest.approx(
         line.fit.overhead + expected + MB / line.goodput, rel=0.01
     )
