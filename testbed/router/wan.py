@@ -29,8 +29,11 @@ One flow alone pays, on top of its bytes at the goodput:
   line mirrors that pool: a connection comes back with the window its sender reported
   at the end of its transfer (``TransferRecord.cwnd_end_bytes``: loss shrinks it, slow
   start grows it by every byte acknowledged: ``w + x`` after ``x`` bytes from ``w``,
-  the model's guess where the sender said nothing); only a new one starts from the
-  initial window.
+  the model's guess where the sender said nothing). Decode checks a connection out
+  only when its request reaches it (``lead_s`` after routing, learned from the
+  receivers' start stamps), so a transfer routed while every pooled connection is busy
+  gets the one the model sees freed by then; only when none is does it pay a new
+  connection's slow start from the initial window.
 - Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
   losses): a lossy flow's window settles where losses halve it, about
   ``sqrt(3/2) * MSS / sqrt(p)`` per round trip (Mathis et al.). At 0.1% loss and a
@@ -38,15 +41,20 @@ One flow alone pays, on top of its bytes at the goodput:
   transfer took 1.3 s where the line rate predicted 0.26 s), while hetero's 0.01% lets
   nearly every transfer through loss-free at the line's rate.
 
-The rest — framing, the receiver's work, what the model misses — is an overhead fitted
-with the goodput by decaying least squares, seeded by the configured rate, over the
-settled transfers that had the line to themselves: no other transfer's measured first
-byte to last byte overlapped theirs, and none the model still has on the wire was
-routed before they ended (one that shared the line says nothing the model could have known).
+Slow start's round trips are counted against the configured line's pipe (rate x
+RTT): a property of the line, not of the measured goodput (counted against the
+goodput, a low estimate shrank the pipe, explained less, and fell further).
+
+The rest — framing, the receiver's work, what the model misses — is in the goodput:
+the median rate of the recent settled transfers that had the line to themselves
+(:class:`_Goodput`): no other transfer's measured first byte to last byte overlapped
+theirs, and none the model still has on the wire was routed before they ended (one
+that shared the line says nothing the model could have known).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -93,34 +101,25 @@ class _Outstanding:
     left: float  # not yet drained (the fluid model's view)
     started: float
     window: float  # its connection's congestion window (bytes) when it started
+    promised: bool = False  # its connection goes next to a transfer routed after it
 
 
-class _Fit:
-    """y = overhead + x / goodput, fitted by exponentially weighted least squares; the
-    goodput never above ``cap`` (a flow cannot outrun the line it is on)."""
+class _Goodput:
+    """The rate transfers achieve with the line to themselves: the median of the last
+    ``n`` (bytes over their time less what slow start and loss explain), seeded by the
+    configured rate and never above it (a flow cannot outrun the line it is on). A
+    median rather than a fitted line: one transfer a retransmission timeout or a busy
+    receiver slowed (hetero: 2.2 MB at half the line's rate) tilted a least-squares
+    slope, and with it every size's prediction, until it decayed."""
 
-    def __init__(self, rate: float, overhead: float, weight: float, cap: float) -> None:
-        self.weight, self.cap = weight, cap
-        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        scale = max(rate * 0.1, 1.0)  # seed: two points on the configured line
-        for x in (0.0, scale):
-            self.add(x, overhead + x / rate, decay=False)
-        self.overhead, self.goodput = overhead, rate
+    def __init__(self, rate: float, n: int = 16) -> None:
+        self.cap, self.value = rate, rate
+        self.rates: deque[float] = deque(maxlen=n)
 
-    def add(self, x: float, y: float, decay: bool = True) -> None:
-        keep = 1 - self.weight if decay else 1.0
-        self.n, self.sx, self.sy = keep * self.n + 1, keep * self.sx + x, keep * self.sy + y
-        self.sxx, self.sxy = keep * self.sxx + x * x, keep * self.sxy + x * y
-        if not decay:
-            return
-        var = self.sxx / self.n - (self.sx / self.n) ** 2
-        if var <= 0:
-            return
-        slope = (self.sxy / self.n - self.sx * self.sy / self.n**2) / var
-        if slope <= 0:
-            return  # not enough spread in sizes yet: keep the last estimate
-        self.goodput = min(1 / slope, self.cap)
-        self.overhead = max(0.0, self.sy / self.n - self.sx / self.n / self.goodput)
+    def add(self, nbytes: float, seconds: float) -> None:
+        if nbytes > 0 and seconds > 0:
+            self.rates.append(nbytes / seconds)
+            self.value = min(statistics.median(self.rates), self.cap)
 
 
 class WanLine:
@@ -128,7 +127,7 @@ class WanLine:
         self,
         rate_bytes_s: float,
         one_way_s: float = 0.0,
-        weight: float = 0.2,
+        samples: int = 16,
         clock=time.time,
         loss: float = 0.0,
         pool_reuse_s: float = POOL_REUSE_S,
@@ -138,18 +137,19 @@ class WanLine:
         self.rate = float(rate_bytes_s)  # the line as configured
         self.flow_bound = flow_rate_bound(self.rtt, loss)  # a long lossy flow's rate
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
-        self.fit = _Fit(self.rate, 0.0, weight, cap=self.rate)
+        self.achieved = _Goodput(self.rate, samples)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[tuple[float, float]] = []  # idle connections: (window, since), LIFO
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
+        self.leads: deque[float] = deque(maxlen=32)  # routed to decode's checkout (seconds)
         self._as_of = clock()
 
     @property
     def goodput(self) -> float:
         """Bytes per second a loss-free transfer achieves with the line to itself, which
-        is what the line carries in all (fitted; never above the configured rate)."""
-        return self.fit.goodput
+        is what the line carries in all (measured; never above the configured rate)."""
+        return self.achieved.value
 
     def loss_s(self, nbytes: float) -> float:
         """What random loss adds to one flow of ``nbytes``: past its loss-free run, it
@@ -191,13 +191,29 @@ class WanLine:
         self._drain(self.clock() if now is None else now)
         return sum(o.left for o in self.outstanding.values())
 
+    @property
+    def lead_s(self) -> float:
+        """How long after routing decode checks a connection out (median of recent)."""
+        return statistics.median(self.leads) if self.leads else 0.0
+
     def _window(self, now: float, take: bool) -> float:
-        """The congestion window the next transfer's connection has: the pool's last
-        returned one if still reused, else a new connection's (``take``: check it out)."""
+        """The congestion window the next transfer's connection has (``take``: check it
+        out): the pool's last returned one if still reused; else, as decode checks out
+        only ``lead_s`` after routing, the connection of a transfer the model sees ending
+        by then; else a new connection's."""
         self.pool = [(w, since) for w, since in self.pool if now - since < self.pool_reuse_s]
-        if not self.pool:
+        if self.pool:
+            return self.pool.pop()[0] if take else self.pool[-1][0]
+        active = [o for o in self.outstanding.values() if o.left > 0]
+        share = self.goodput / max(1, len(active))
+        soon = [
+            o for o in self.outstanding.values() if not o.promised and o.left / share <= self.lead_s
+        ]
+        if not soon:
             return INITIAL_WINDOW
-        return self.pool.pop()[0] if take else self.pool[-1][0]
+        freed = min(soon, key=lambda o: o.left)
+        freed.promised = freed.promised or take
+        return min(freed.window + freed.bytes, max(self.goodput * self.rtt, INITIAL_WINDOW))
 
     def seconds(self, own_bytes: float) -> float:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
@@ -205,13 +221,9 @@ class WanLine:
             return 0.0
         shared = sum(min(o.left, own_bytes) for o in self.outstanding.values())
         window = self._window(self.clock(), take=False)
-        return (
-            self.fit.overhead
-            + slow_start_s(own_bytes, self.goodput, self.rtt, window)
-            + max(
-                (own_bytes + shared) / self.goodput,
-                own_bytes / self.goodput + self.loss_s(own_bytes),
-            )
+        return slow_start_s(own_bytes, self.rate, self.rtt, window) + max(
+            (own_bytes + shared) / self.goodput,
+            own_bytes / self.goodput + self.loss_s(own_bytes),
         )
 
     def predict(self, own_bytes: int) -> WanPrediction:
@@ -232,18 +244,20 @@ class WanLine:
             return
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return  # a failed transfer's connection is closed, not pooled
+        self.leads.append(max(0.0, record.start - item.started))
         # The sender's window as it ended (the Done frame); without it, slow start's: it
         # grows by every byte acknowledged, up to the pipe.
         pipe = max(self.goodput * self.rtt, INITIAL_WINDOW)
         window = record.cwnd_end_bytes or min(item.window + record.wire_bytes, pipe)
-        self.pool.append((float(window), self._as_of))
+        if not item.promised:  # else the transfer promised it has it
+            self.pool.append((float(window), self._as_of))
         first, end = record.end - record.seconds, record.end
         shared = any(f < end and first < e for f, e in self.recent) or any(
             o.started < end and o.left > 0 for o in self.outstanding.values()
         )
         self.recent.append((first, end))
-        if not shared:  # what slow start and loss explain is not the overhead's
+        if not shared:  # the rate, less what slow start and loss explain
             x = record.wire_bytes
             start = record.cwnd_bytes or item.window  # measured, where the sender said
-            explained = slow_start_s(x, self.goodput, self.rtt, start) + self.loss_s(x)
-            self.fit.add(x, record.seconds - explained)
+            explained = slow_start_s(x, self.rate, self.rtt, start) + self.loss_s(x)
+            self.achieved.add(x, record.seconds - explained)
