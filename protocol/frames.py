@@ -21,6 +21,7 @@ import os
 import socket
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 from protocol.env import Env
 
@@ -197,20 +198,27 @@ def recv_frame(
 
 
 _TCP_INFO = struct.Struct("8B24I")  # struct tcp_info up to tcpi_total_retrans (linux/tcp.h)
+_NO_SSTHRESH = 0x7FFFFFFF  # TCP_INFINITE_SSTHRESH: slow start has not ended yet
 
 
-def tcp_state(sock: socket.socket) -> tuple[int, int]:
-    """A connection's congestion window (bytes: snd_cwnd x snd_mss) and the segments it
-    has retransmitted in all; (0, 0) where the kernel does not say."""
+class TcpState(NamedTuple):
+    cwnd_bytes: int = 0  # congestion window: snd_cwnd x snd_mss
+    ssthresh_bytes: int = 0  # slow start threshold; 0 while it has none (no loss yet)
+    retransmits: int = 0  # segments retransmitted over the connection's life
+
+
+def tcp_state(sock: socket.socket) -> TcpState:
+    """A connection's congestion state; all 0 where the kernel does not say."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
     except OSError:
-        return 0, 0
+        return TcpState()
     if len(raw) < _TCP_INFO.size:
-        return 0, 0
+        return TcpState()
     info = _TCP_INFO.unpack(raw)[8:]  # the u32 fields after eight u8s
-    snd_mss, snd_cwnd, total_retrans = info[2], info[18], info[23]
-    return snd_cwnd * snd_mss, total_retrans
+    mss, ssthresh, cwnd, retransmits = info[2], info[17], info[18], info[23]
+    ssthresh_bytes = 0 if ssthresh >= _NO_SSTHRESH else min(ssthresh * mss, 2**32 - 1)
+    return TcpState(min(cwnd * mss, 2**32 - 1), ssthresh_bytes, retransmits)
 
 
 def configure_socket(sock: socket.socket, idle_timeout: float) -> None:

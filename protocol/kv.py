@@ -82,12 +82,13 @@ class Done:
     sender_wait_s: float = 0.0
     # The sender's TCP state (protocol.frames.tcp_state): its congestion window when the
     # first chunk left, the segments it retransmitted until this frame, and its window
-    # now (what the connection's next transfer starts from).
+    # and slow start threshold now (where the connection's next transfer starts).
     cwnd_bytes: int = 0
     retransmits: int = 0
     cwnd_end_bytes: int = 0
+    ssthresh_end_bytes: int = 0
 
-    _FIXED = struct.Struct("!IQdIII")
+    _FIXED = struct.Struct("!IQdIIII")
 
     def encode(self) -> bytes:
         return self._FIXED.pack(*dataclasses.astuple(self))

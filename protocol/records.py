@@ -127,12 +127,15 @@ class TransferRecord:
     sender_wait_s: float = 0.0
     # The sender's TCP connection: its congestion window when the first chunk left (a
     # window below the bandwidth-delay product costs slow-start round trips), and the
-    # segments it retransmitted (each loss costs about a round trip), and its window at
-    # the end (the connection's next transfer starts there). The decode side has them
-    # from the Done frame, so the last round trip's losses and growth are not counted.
+    # segments it retransmitted (each loss costs about a round trip), and its window and
+    # slow start threshold at the end (the connection's next transfer starts there).
+    # The decode side has them from the Done frame, so the last round trip's losses and
+    # growth are not counted.
     cwnd_bytes: int = 0
     retransmits: int = 0
     cwnd_end_bytes: int = 0
+    ssthresh_end_bytes: int = 0  # 0: none yet (in slow start); past it the window grows
+    # by one segment a round trip, not doubling
 
     @property
     def ok(self) -> bool:

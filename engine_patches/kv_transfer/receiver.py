@@ -230,6 +230,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 record.sender_wait_s = done.sender_wait_s
                 record.cwnd_bytes, record.retransmits = done.cwnd_bytes, done.retransmits
                 record.cwnd_end_bytes = done.cwnd_end_bytes
+                record.ssthresh_end_bytes = done.ssthresh_end_bytes
                 received = progress["pages"]
                 if done.total_pages != received or received != len(pages):
                     raise ProtocolError(

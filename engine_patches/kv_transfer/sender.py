@@ -131,8 +131,7 @@ class _Leg:
                         conn, MsgType.AUX, room, crc32(parts).to_bytes(4, "big"), *parts
                     )
                 record = self.record
-                record.cwnd_end_bytes, retransmitted = tcp_state(conn)
-                record.retransmits = retransmitted - self._retransmitted
+                self._end_state(conn)
                 done = Done(
                     sent,
                     record.kv_bytes,
@@ -140,6 +139,7 @@ class _Leg:
                     cwnd_bytes=record.cwnd_bytes,
                     retransmits=record.retransmits,
                     cwnd_end_bytes=record.cwnd_end_bytes,
+                    ssthresh_end_bytes=record.ssthresh_end_bytes,
                 )
                 record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
                 kind, _, body = recv_frame(conn)
@@ -151,8 +151,7 @@ class _Leg:
                     if self.state != "pending":
                         return
                     self.state = "success"
-                record.cwnd_end_bytes, retransmitted = tcp_state(conn)  # and the last RTT
-                record.retransmits = retransmitted - self._retransmitted
+                self._end_state(conn)  # and the last round trip
                 self._finish_record("success", None)
                 self.released = True
                 mgr.reuse_connection(conn, self.incoming.peer)
@@ -171,7 +170,8 @@ class _Leg:
             payload = [t.numpy() for t in pool.read(part)]
             if self.record.first_byte is None:
                 self.record.first_byte = time.time()
-                self.record.cwnd_bytes, self._retransmitted = tcp_state(conn)
+                tcp = tcp_state(conn)
+                self.record.cwnd_bytes, self._retransmitted = tcp.cwnd_bytes, tcp.retransmits
             header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
             self.record.wire_bytes += send_frame(
                 conn, MsgType.KV_CHUNK, self.sender.room, header, *payload
@@ -179,6 +179,12 @@ class _Leg:
             self.record.kv_bytes += sum(p.nbytes for p in payload)
             self.record.pages += len(part)
         return first + len(pages)
+
+    def _end_state(self, conn) -> None:
+        """The connection's TCP state now, into the record (see ``Done``)."""
+        tcp = tcp_state(conn)
+        self.record.cwnd_end_bytes, self.record.ssthresh_end_bytes = tcp[:2]
+        self.record.retransmits = tcp.retransmits - self._retransmitted
 
     def _finish_record(self, status: str, reason: str | None) -> None:
         record = self.record

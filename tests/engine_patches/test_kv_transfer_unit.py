@@ -36,7 +36,7 @@ def test_frames_cross_a_real_socket_and_bad_peers_are_refused():
     assert KvChunkHeader.decode(body) == KvChunkHeader(3, 4, 99)
     assert np.frombuffer(body[KvChunkHeader.size :], np.float32).tolist() == payload.tolist()
 
-    done = Done(4, 16000, sender_wait_s=0.25, cwnd_bytes=14480, retransmits=3, cwnd_end_bytes=5)
+    done = Done(4, 16000, 0.25, 14480, retransmits=3, cwnd_end_bytes=5, ssthresh_end_bytes=6)
     send_frame(a, MsgType.DONE, 1, done.encode())
     assert Done.decode(bytes(recv_frame(b)[2])) == done
 
@@ -54,13 +54,12 @@ def test_tcp_state_reads_the_kernels_window_and_retransmissions():
     with socket.create_server(("127.0.0.1", 0)) as server:
         client = socket.create_connection(server.getsockname())
         peer, _ = server.accept()
-        cwnd, retransmits = tcp_state(client)
         mss = client.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
-        assert (cwnd, retransmits) == (10 * mss, 0)
+        assert tcp_state(client) == (10 * mss, 0, 0)  # no loss yet: no slow start threshold
         client.close()
         peer.close()
     a, b = socket.socketpair()
-    assert tcp_state(a) == (0, 0)
+    assert tcp_state(a) == (0, 0, 0)
     a.close()
     b.close()
 

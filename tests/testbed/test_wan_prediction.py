@@ -237,7 +237,7 @@ def test_the_window_the_sender_reported_is_the_one_the_next_transfer_starts_from
     line.start(room=1, nbytes=MB)
     clock.now += 5.0
     line.settle(1, settled(1, MB, 4.0, cwnd_bytes=INITIAL_WINDOW, cwnd_end_bytes=30_000))
-    assert line.pool[-1][0] == 30_000  # not 14.5 KB + 1 MB
+    assert line.pool[-1][0].cwnd == 30_000  # not 14.5 KB + 1 MB
     expected = slow_start_s(MB, rate, rtt, window=30_000)
     assert line.predict(MB).seconds == pytest.approx(expected + MB / line.goodput, rel=0.01)
 
@@ -268,6 +268,22 @@ def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(i
     clock.now += 20.0
     line.settle(2, settled(2, in_flight, 10.0, end=clock.now, start=clock.now - 12.0))
     assert len(line.pool) == (0 if in_flight / rate <= 2.0 else 1)  # promised, not pooled
+
+
+def test_past_the_slow_start_threshold_a_window_grows_a_segment_a_round_trip():
+    """A connection that lost packets is in congestion avoidance: its next transfer's
+    window grows linearly, so a transfer many times its window takes many round trips
+    (the sender reports its threshold in the Done frame)."""
+    rate, rtt, cwnd = 12.5 * MB, 0.02, 20_000  # default's line, a window after losses
+    doubling = slow_start_s(272_000, rate, rtt, cwnd)
+    linear = slow_start_s(272_000, rate, rtt, cwnd, ssthresh=cwnd)
+    assert 2 * rtt < doubling < 3 * rtt and 8 * rtt < linear < 10 * rtt  # plus bytes / rate
+    clock = Clock()
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    line.start(room=1, nbytes=MB)
+    clock.now += 1.0
+    line.settle(1, settled(1, MB, 0.5, cwnd_end_bytes=cwnd, ssthresh_end_bytes=cwnd))
+    assert line.predict(272_000).seconds == pytest.approx(linear + 272_000 / line.goodput)
 
 
 def test_a_transfer_that_never_settles_does_not_keep_the_fit_from_learning():
