@@ -34,8 +34,9 @@ class TransferRequest:
 
 
 # KV connections are pooled per decode server and prefill (a warm congestion window: no
-# slow start per request on a long-RTT WAN). Decode reuses the connection it returned
-# last, if idle less than this; prefill closes one idle twice as long. The default of
+# slow start per request on a long-RTT WAN). Decode reuses the warmest connection (the
+# largest window its sender reported, then the one returned last) idle less than this;
+# prefill closes one idle twice as long. The default of
 # ``servers.kv_pool_reuse_s``, dilated under emulation as the other KV timeouts are.
 POOL_REUSE_S = 30.0
 # The other defaults a deployment passes its servers (servers.kv_*; dilated likewise):

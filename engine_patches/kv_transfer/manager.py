@@ -103,7 +103,8 @@ class TcpKVManager(BaseKVManager):
         self.prefill_info_table = _SingleRankPrefills()
         self._incoming: dict[int, list[Incoming]] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # room → (reason, when)
-        self._idle: dict[str, list[tuple[socket.socket, float]]] = {}  # decode side pool
+        # decode side pool: per prefill address, (socket, returned at, window) when idle
+        self._idle: dict[str, list[tuple[socket.socket, float, int]]] = {}
         self._lock = threading.Lock()
         if disaggregation_mode == DisaggregationMode.PREFILL:
             host = getattr(server_args, "host", "0.0.0.0")
@@ -184,18 +185,31 @@ class TcpKVManager(BaseKVManager):
 
     # -- decode side: the connection pool -----------------------------------------
     def checkout(self, addr: str) -> socket.socket | None:
+        """The warmest idle connection to ``addr``: the largest congestion window its
+        sender reported (the most recently returned among equals), idle less than
+        ``pool_reuse``; those idle longer, or closed, are dropped."""
+        now = time.monotonic()
+        chosen, dropped = None, []
         with self._lock:
             idle = self._idle.get(addr, [])
-            while idle:
-                sock, since = idle.pop()
-                if time.monotonic() - since < self.timeouts.pool_reuse and _still_open(sock):
-                    return sock
-                sock.close()
-        return None
+            reuse = self.timeouts.pool_reuse
+            dropped = [c[0] for c in idle if now - c[1] >= reuse]
+            idle[:] = sorted((c for c in idle if now - c[1] < reuse), key=_warmth)
+            while idle and chosen is None:
+                sock = idle.pop()[0]  # the warmest
+                if _still_open(sock):
+                    chosen = sock
+                else:
+                    dropped.append(sock)
+        for sock in dropped:
+            sock.close()
+        return chosen
 
-    def checkin(self, addr: str, sock: socket.socket) -> None:
+    def checkin(self, addr: str, sock: socket.socket, window: int = 0) -> None:
+        """A connection back into the pool, with the congestion window its sender
+        reported at the end of its transfer (0: unknown)."""
         with self._lock:
-            self._idle.setdefault(addr, []).append((sock, time.monotonic()))
+            self._idle.setdefault(addr, []).append((sock, time.monotonic(), window))
 
     def _read_request(
         self, conn: socket.socket, peer: str, wait_s: float | None = None, fresh: bool = False
@@ -254,6 +268,10 @@ class TcpKVManager(BaseKVManager):
                     del self._closed[room]
         for incoming in expired:
             incoming.conn.close()
+
+
+def _warmth(idle: tuple[socket.socket, float, int]) -> tuple[int, float]:
+    return idle[2], idle[1]  # the window its sender reported, then how recently returned
 
 
 def _refuse(conn: socket.socket, room: int, reason: str) -> None:

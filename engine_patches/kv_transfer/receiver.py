@@ -243,7 +243,7 @@ class TcpKVReceiver(BaseKVReceiver):
                         self._state = KVPoll.Success
                 record.status = "success"
                 self._sock = None
-                mgr.checkin(self.bootstrap_addr, sock)
+                mgr.checkin(self.bootstrap_addr, sock, record.cwnd_end_bytes)
                 return
             elif kind == MsgType.FAILURE:
                 raise KVTransferError(f"prefill reported: {body.decode(errors='replace')}")

@@ -28,7 +28,8 @@ One flow alone pays, on top of its bytes at the goodput:
   start threshold (congestion avoidance: where a connection that lost packets stays;
   measured on default, a 272 KB transfer from a 20 KB window took 10 round trips, not
   the 4 doubling would). Decode servers pool their KV
-  connections and reuse the one returned last (``servers.kv_pool_reuse_s``), so the
+  connections and reuse the warmest: the largest window its sender reported, then the
+  one returned last (``servers.kv_pool_reuse_s``; ``engine_patches.kv_transfer``), so the
   line mirrors that pool: a connection comes back with the window and threshold its
   sender reported at the end of its transfer (``TransferRecord.cwnd_end_bytes``,
   ``ssthresh_end_bytes``: loss shrinks them; where the sender said nothing, the model
@@ -222,22 +223,27 @@ class WanLine:
 
     def _window(self, now: float, take: bool) -> Window:
         """The congestion window the next transfer's connection has (``take``: check it
-        out): the pool's last returned one if still reused; else, as decode checks out
-        only ``lead_s`` after routing, the connection of a transfer the model sees ending
-        by then; else a new connection's."""
-        self.pool = [(w, since) for w, since in self.pool if now - since < self.pool_reuse_s]
-        if self.pool:
-            return self.pool.pop()[0] if take else self.pool[-1][0]
+        out). Decode takes the warmest idle connection when its request reaches it,
+        ``lead_s`` after routing: one idle now and still reusable, or one of a transfer
+        the model sees ending by then; without any, a new connection's."""
+        self.pool = [(w, t) for w, t in self.pool if now - t < self.pool_reuse_s]
         active = [o for o in self.outstanding.values() if o.left > 0]
         share = self.goodput / max(1, len(active))
-        soon = [
-            o for o in self.outstanding.values() if not o.promised and o.left / share <= self.lead_s
+        freed = [
+            (self._grown(o.window, o.bytes), o)
+            for o in self.outstanding.values()
+            if not o.promised and o.left / share <= self.lead_s
         ]
-        if not soon:
+        idle = [(w, i) for i, (w, _) in enumerate(self.pool)]
+        candidates = [(w.cwnd, n, w, who) for n, (w, who) in enumerate(idle + freed)]
+        if not candidates:
             return Window()
-        freed = min(soon, key=lambda o: o.left)
-        freed.promised = freed.promised or take
-        return self._grown(freed.window, freed.bytes)
+        _, _, window, who = max(candidates, key=lambda c: c[:2])  # then the latest
+        if take and isinstance(who, _Outstanding):
+            who.promised = True
+        elif take:
+            del self.pool[who]
+        return window
 
     def _grown(self, window: Window, nbytes: float) -> Window:
         """The model's guess of a window after carrying ``nbytes``: slow start grows it

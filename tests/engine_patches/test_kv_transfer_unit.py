@@ -283,3 +283,33 @@ def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time
     record.sender_wait_s = done[0].sender_wait_s
     assert record.seconds == pytest.approx(0.5 - done[0].sender_wait_s)
     decode_end.close()
+
+
+def test_decode_reuses_its_warmest_idle_connection_and_drops_stale_and_closed_ones():
+    """The decode side's pool (TcpKVManager.checkout/checkin; the stand-in below holds
+    only the pool's state, no SGLang): the idle connection whose sender reported the
+    largest window goes first, a closed one is skipped, one idle past pool_reuse is
+    closed, and an empty pool says None (decode then connects anew)."""
+    import threading
+
+    from engine_patches.kv_transfer.manager import TcpKVManager, Timeouts
+
+    pool = type("Pool", (), {})()
+    pool._lock, pool._idle = threading.Lock(), {}
+    pool.timeouts = Timeouts(pool_reuse=30.0)
+    pairs = [socket.socketpair() for _ in range(4)]
+    cold, warm, closed, stale = (a for a, _ in pairs)
+    TcpKVManager.checkin(pool, "p:1", cold, window=14_480)
+    TcpKVManager.checkin(pool, "p:1", warm, window=900_000)
+    TcpKVManager.checkin(pool, "p:1", closed, window=2_000_000)
+    TcpKVManager.checkin(pool, "p:1", stale, window=5_000_000)
+    pairs[2][1].close()  # its peer went away while it idled
+    when = pool._idle["p:1"][3][1]
+    pool._idle["p:1"][3] = (stale, when - 31.0, 5_000_000)  # idle past pool_reuse
+    assert TcpKVManager.checkout(pool, "p:1") is warm
+    assert stale.fileno() == -1 and closed.fileno() == -1  # both closed, not reused
+    assert TcpKVManager.checkout(pool, "p:1") is cold
+    assert TcpKVManager.checkout(pool, "p:1") is None
+    for a, b in pairs:
+        a.close()
+        b.close()

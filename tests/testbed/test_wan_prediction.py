@@ -270,6 +270,23 @@ def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(i
     assert len(line.pool) == (0 if in_flight / rate <= 2.0 else 1)  # promised, not pooled
 
 
+def test_the_line_mirrors_decode_taking_its_warmest_connection():
+    """Decode reuses the idle connection with the largest reported window, whichever
+    came back last; the mirror gives the next transfer that window, then the next."""
+    clock = Clock()
+    rate, rtt = 10 * MB, 1.0
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    line.start(room=1, nbytes=MB)
+    line.start(room=2, nbytes=MB)
+    clock.now += 5.0
+    line.settle(1, settled(1, MB, 1.0, end=clock.now, cwnd_end_bytes=900_000))
+    line.settle(2, settled(2, MB, 1.0, end=clock.now, cwnd_end_bytes=100_000))  # last back
+    for n, window in enumerate((900_000, 100_000)):  # each shares with those before it
+        expected = slow_start_s(MB, rate, rtt, window=window) + (n + 1) * MB / line.goodput
+        assert line.predict(MB).seconds == pytest.approx(expected)
+        line.start(room=window, nbytes=MB)  # checks it out
+
+
 def test_past_the_slow_start_threshold_a_window_grows_a_segment_a_round_trip():
     """A connection that lost packets is in congestion avoidance: its next transfer's
     window grows linearly, so a transfer many times its window takes many round trips
