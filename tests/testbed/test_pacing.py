@@ -18,6 +18,8 @@ from capacity.roofline import Batch, step_time
 from testbed.dilation import EmulationSpec, pacing_env
 from testbed.scenario import Scenario
 from testbed.server import ServerSpec, SGLangServer
+from topologies.link import LinkSpec
+from topologies.spec import NetworkSpec
 from tests.conftest import reference_output
 from workloads.client import stream_generate
 
@@ -31,7 +33,9 @@ CHIPS = 8
 @pytest.fixture(scope="module")
 def paced(tiny_model, tmp_path_factory):
     scenario = Scenario(
-        name="paced", emulation=EmulationSpec(model="1T-moe", chips_per_server=CHIPS, dilation=K)
+        name="paced",
+        emulation=EmulationSpec(model="1T-moe", chips_per_server=CHIPS, dilation=K),
+        network=NetworkSpec(wan=LinkSpec(congestion_control="reno")),  # the one that dilates
     )
     log = tmp_path_factory.mktemp("paced") / "pacing.jsonl"
     env = pacing_env(scenario, "B", str(log))
