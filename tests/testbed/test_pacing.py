@@ -18,9 +18,9 @@ from capacity.roofline import Batch, step_time
 from testbed.dilation import EmulationSpec, pacing_env
 from testbed.scenario import Scenario
 from testbed.server import ServerSpec, SGLangServer
+from tests.conftest import reference_output
 from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
-from tests.conftest import reference_output
 from workloads.client import stream_generate
 
 pytestmark = pytest.mark.sglang
