@@ -8,7 +8,10 @@ Lifecycle::
             parallel, on its role's CPUs) and healthy → router started on the router
             host and healthy → manifest written.  Any failure tears everything down.
       down(): router and servers stopped (SIGTERM, then SIGKILL), network torn down,
-            the CPU mask of the calling thread restored.
+            the CPU mask of the calling thread restored.  Safe at any point: before
+            ``up()``, after a failed one, twice.  Callers construct first and call
+            ``up()`` inside the ``try`` whose ``finally`` calls ``down()``, so a signal
+            between ``up()`` returning and that ``try`` cannot leak a deployment.
 
 ``testbed up`` leaves a deployment serving after it exits; ``testbed down`` (or
 ``Network.down_by_name``) ends it from the namespaces alone.
@@ -87,6 +90,7 @@ class Deployment:
         if inventory is not None and scenario.servers.frame_auth:  # the hosts' key
             self.frame_key = read_frame_key(inventory.frame_key_file)
         self.tls_env: dict[str, str] = {}  # servers.tls: the certificate's paths, once made
+        self.stopped = False
 
     @property
     def router_url(self) -> str:
@@ -134,6 +138,9 @@ class Deployment:
         return self
 
     def down(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
         if key := self.tls_env.get(Env.TLS_KEY):  # a dead deployment's key is kept nowhere
             Path(key).unlink(missing_ok=True)
         set_frame_key(None)  # nor its frame key, in this process

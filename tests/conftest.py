@@ -11,6 +11,7 @@ import pytest
 
 from testbed import model as model_mod
 from testbed.server import ServerSpec, SGLangServer
+from topologies.network import Network
 from workloads.client import generate_payload
 
 
@@ -22,6 +23,23 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "netns" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="needs root and iproute2 (network namespaces)"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_network_left_behind(request):
+    """Only one emulated network runs at a time, so a module that leaves one up would
+    fail every module after it: tear such a network down and fail the module that left
+    it (with a name, instead of a cascade of 'network is up' errors)."""
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        yield
+        return
+    before = set(Network.names_up())
+    yield
+    left = sorted(set(Network.names_up()) - before)
+    for name in left:
+        Network.down_by_name(name)
+    if left:
+        pytest.fail(f"{request.module.__name__} left network(s) {left} up (now torn down)")
 
 
 @pytest.fixture(scope="session")

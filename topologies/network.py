@@ -16,7 +16,10 @@ servers and the router like any site-A host; its peer lives in site A's switch
 namespace and vanishes with it. ``down()`` kills every process in the namespaces
 (emulation daemons, servers) by PID, deletes them and the state file;
 ``Network.down_by_name`` does the same after a ``kill -9`` of the harness, from the
-state file and the namespace prefix alone.
+state file and the namespace prefix alone. ``down()`` removes only what this object
+began to build: a Network refused at ``up()`` (it, or another, was already up) leaves
+the running one alone, so a caller may call ``down()`` in a ``finally`` whatever
+``up()`` did.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class Network:
         self.name = name
         self.topo = spec.topo()
         self.log_dir = log_dir or Path("runs") / f"net-{name}"
+        self.owned = False  # up() got past its checks: down() has something to remove
         self.applied: list[AppliedLink] = []
         self.backend_name: str | None = None
         self._rules_checked, self._rules_missing = 0.0, []  # the watchdog's last look
@@ -104,8 +108,9 @@ class Network:
         if any(info["spec"].impaired for info in wan_links):
             backend = get_backend(self.spec.backend)  # refuses before anything is built
             self.backend_name = backend.name
-        self._write_state()
+        self.owned = True
         try:
+            self._write_state()
             self._build()
             for info in wan_links:
                 if info["spec"].impaired:
@@ -132,7 +137,9 @@ class Network:
         return self
 
     def down(self) -> None:
-        Network.down_by_name(self.name)
+        if self.owned:
+            Network.down_by_name(self.name)
+            self.owned = False
 
     @staticmethod
     def down_by_name(name: str) -> list[str]:

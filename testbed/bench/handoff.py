@@ -260,9 +260,10 @@ def run(
         f"run directory {run_dir}"
     )
     rows: list[dict] = []
-    with console.status("bringing up the pdd system"):
-        d = Deployment(scenario, "pdd", run_dir / "pdd").up()
+    d = Deployment(scenario, "pdd", run_dir / "pdd")
     try:
+        with console.status("bringing up the pdd system"):
+            d.up()
         bench = Trials(d, tokens, prompt_tokens, seed)
         bench.kv(-1), bench.token_ids(-1)  # warm-up: connections open, caches primed
         with console.status("") as status:

@@ -91,9 +91,10 @@ def _run_system(
     ui_port: int | None = None,
     on_tick: Callable[[Deployment], None] | None = None,
 ) -> None:
-    with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
-        deployment = Deployment(scenario, system, out, NET_NAME).up()
+    deployment = Deployment(scenario, system, out, NET_NAME)
     try:
+        with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
+            deployment.up()
         check = []  # an inventory's WAN is real: `testbed net check` is for emulated links
         if deployment.net.emulated:
             with console.status(f"[bold]{system}[/bold]: checking the links"):

@@ -62,8 +62,9 @@ def test_sigterm_tears_down_and_marks_the_system_incomplete(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # the bench hung: kill it, and leave no network behind
             proc.kill()
+            subprocess.run([sys.executable, "-m", "testbed.cli", "net", "down", "--name", "bench"])
     assert proc.returncode == 130, out[-2000:]
     assert "interrupted" in out
     assert not bench_namespaces() and not leftover_processes(tmp_path)

@@ -15,7 +15,7 @@ import pytest
 from topologies.check import iperf, ping
 from topologies.emulation import EmulationError, get_backend
 from topologies.link import LinkSpec
-from topologies.netns import list_namespaces, run
+from topologies.netns import NetworkError, list_namespaces, run
 from topologies.network import STATE_DIR, Network
 from topologies.spec import NetworkSpec
 
@@ -112,6 +112,18 @@ def test_unavailable_backend_refuses_before_building_anything():
     with pytest.raises(EmulationError, match="netem"):
         Network(spec, name="refuse").up()
     assert not list_namespaces("pddtb-refuse-")
+
+
+def test_a_refused_network_tears_down_nothing_of_the_one_that_is_up(make_network):
+    net = make_network()
+    for name in (net.name, "other"):  # the same name again, and a second network
+        refused = Network(NetworkSpec(), name=name)
+        with pytest.raises(NetworkError, match="up"):
+            refused.up()
+        refused.down()  # as a caller's `finally` would
+    assert list_namespaces(f"pddtb-{net.name}-")
+    assert (STATE_DIR / f"{net.name}.json").exists()
+    assert run(["ping", "-c", "1", "-W", "2", net.address("md1")], check=False).returncode == 0
 
 
 HARNESS = """
