@@ -26,7 +26,7 @@ from typing import NamedTuple
 from protocol.env import Env
 
 MAGIC = b"PDKV"
-VERSION = 1
+VERSION = 2  # 2: Done carries the sender's slow start threshold at its first chunk
 HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, flags, room, body length
 MAX_BODY = 1 << 30  # no frame is larger, whatever its type
 TAGGED = 1  # flags: an authentication tag follows the body

@@ -82,14 +82,16 @@ class Done:
     # the receiver's first-to-last-byte time less this is the wire's.
     sender_wait_s: float = 0.0
     # The sender's TCP state (protocol.frames.tcp_state): its congestion window when the
-    # first chunk left, the segments it retransmitted until this frame, and its window
-    # and slow start threshold now (where the connection's next transfer starts).
+    # first chunk left, the segments it retransmitted until this frame, its window and
+    # slow start threshold now (where the connection's next transfer starts), and its
+    # slow start threshold when the first chunk left (0: none, still in slow start).
     cwnd_bytes: int = 0
     retransmits: int = 0
     cwnd_end_bytes: int = 0
     ssthresh_end_bytes: int = 0
+    ssthresh_bytes: int = 0
 
-    _FIXED = struct.Struct("!IQdIIII")
+    _FIXED = struct.Struct("!IQdIIIII")
 
     def encode(self) -> bytes:
         return self._FIXED.pack(*dataclasses.astuple(self))

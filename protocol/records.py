@@ -125,17 +125,19 @@ class TransferRecord:
     # Between its first and last chunk, the sender waited this long for prefill to
     # compute (a chunked prefill; a room that offered its cached pages first).
     sender_wait_s: float = 0.0
-    # The sender's TCP connection: its congestion window when the first chunk left (a
-    # window below the bandwidth-delay product costs slow-start round trips), and the
+    # The sender's TCP connection: its congestion window and slow start threshold when
+    # the first chunk left (a window below the bandwidth-delay product costs slow-start
+    # round trips; past the threshold, congestion avoidance's slower ones), and the
     # segments it retransmitted (each loss costs about a round trip), and its window and
     # slow start threshold at the end (the connection's next transfer starts there).
     # The decode side has them from the Done frame, so the last round trip's losses and
     # growth are not counted.
     cwnd_bytes: int = 0
+    ssthresh_bytes: int = 0  # 0: none yet (in slow start); past it the window grows
+    # by one segment a round trip, not doubling
     retransmits: int = 0
     cwnd_end_bytes: int = 0
-    ssthresh_end_bytes: int = 0  # 0: none yet (in slow start); past it the window grows
-    # by one segment a round trip, not doubling
+    ssthresh_end_bytes: int = 0
 
     @property
     def ok(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import httpx
 import pytest
@@ -35,11 +36,24 @@ def no_network_left_behind(request):
         return
     before = set(Network.names_up())
     yield
-    left = sorted(set(Network.names_up()) - before)
+    left = sorted(n for n in set(Network.names_up()) - before if _ours(n))
     for name in left:
         Network.down_by_name(name)
     if left:
         pytest.fail(f"{request.module.__name__} left network(s) {left} up (now torn down)")
+
+
+def _ours(name: str) -> bool:
+    """Network ``name`` was brought up by this test run (this process or one it
+    started), or by a process now dead; not by another run on the same host."""
+    pid = Network.owner(name)
+    while pid and pid != os.getpid():
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True  # its owner is gone: an orphan
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's PID
+    return True if pid is None else pid == os.getpid()
 
 
 @pytest.fixture(scope="session")

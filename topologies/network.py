@@ -159,6 +159,14 @@ class Network:
         return sorted(namespaces)
 
     @staticmethod
+    def owner(name: str) -> int | None:
+        """The PID of the process that brought network ``name`` up (None: no state)."""
+        try:
+            return json.loads(_state_path(name).read_text()).get("pid")
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
     def names_up() -> list[str]:
         from_state = {p.stem for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set()
         from_ns = {ns[len(PREFIX) :].rsplit("-", 1)[0] for ns in list_namespaces()}
@@ -263,6 +271,7 @@ class Network:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         state = {
             "name": self.name,
+            "pid": os.getpid(),  # the process that brought it up
             "spec": self.spec.model_dump(),
             "namespaces": self._namespaces(),
             "backend": self.backend_name,

@@ -229,6 +229,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 done = Done.decode(bytes(body))
                 record.sender_wait_s = done.sender_wait_s
                 record.cwnd_bytes, record.retransmits = done.cwnd_bytes, done.retransmits
+                record.ssthresh_bytes = done.ssthresh_bytes
                 record.cwnd_end_bytes = done.cwnd_end_bytes
                 record.ssthresh_end_bytes = done.ssthresh_end_bytes
                 received = progress["pages"]

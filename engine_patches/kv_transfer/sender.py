@@ -57,7 +57,7 @@ class _Leg:
         self.queue: queue.Queue = queue.Queue()
         self.state = "pending"  # pending | success | failed
         self.reason: str | None = None
-        self.released = False  # the connection went back to the manager for reuse
+        self.released = False  # the connection is not the leg's to close (reused or closed)
         self.record: TransferRecord | None = None
         self.skip = 0  # leading pages of the send stream this destination already holds
         self._retransmitted = 0  # the connection's retransmissions before this transfer
@@ -140,6 +140,7 @@ class _Leg:
                     retransmits=record.retransmits,
                     cwnd_end_bytes=record.cwnd_end_bytes,
                     ssthresh_end_bytes=record.ssthresh_end_bytes,
+                    ssthresh_bytes=record.ssthresh_bytes,
                 )
                 record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
                 kind, _, body = recv_frame(conn)
@@ -148,12 +149,14 @@ class _Leg:
                 if kind != MsgType.ACK:
                     raise ProtocolError(f"expected Ack, got {kind.name}")
                 with self.sender._lock:
-                    if self.state != "pending":
+                    if self.state != "pending" or self.released:
                         return
-                    self.state = "success"
+                    # One step: SGLang polls success and then clear()s, which closes
+                    # the connections no leg has released (it closed warm pooled
+                    # connections under their next request's reader: EBADF).
+                    self.state, self.released = "success", True
                 self._end_state(conn)  # and the last round trip
                 self._finish_record("success", None)
-                self.released = True
                 mgr.reuse_connection(conn, self.incoming.peer)
                 return
         except Exception as exc:  # a worker never dies silently: the transfer fails
@@ -171,7 +174,8 @@ class _Leg:
             if self.record.first_byte is None:
                 self.record.first_byte = time.time()
                 tcp = tcp_state(conn)
-                self.record.cwnd_bytes, self._retransmitted = tcp.cwnd_bytes, tcp.retransmits
+                self.record.cwnd_bytes, self.record.ssthresh_bytes = tcp[:2]
+                self._retransmitted = tcp.retransmits
             header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
             self.record.wire_bytes += send_frame(
                 conn, MsgType.KV_CHUNK, self.sender.room, header, *payload
@@ -318,6 +322,9 @@ class TcpKVSender(BaseKVSender):
         self._fail("aborted on the prefill server")
 
     def clear(self) -> None:
-        for leg in self._legs:
-            if not leg.released:
-                leg.incoming.conn.close()
+        with self._lock:
+            closing = [leg for leg in self._legs if not leg.released]
+            for leg in closing:
+                leg.released = True
+        for leg in closing:
+            leg.incoming.conn.close()

@@ -67,12 +67,12 @@ class Router:
         self.loads = Loads()
         self.records = JsonlWriter(config.records)
         logs = [s.transfer_log for s in config.servers if s.transfer_log]
-        self.transfers = TransferIndex(logs, on_decode=self._settle_wan)
+        self.transfers = TransferIndex(logs, on_line=self._learn_wan)
         self.upstream = Upstream(config.upstream_timeout_s, config.limits.max_in_flight)
         near = {s.site for s in config.with_role(Role.PREFILL)}
-        self._wan_logs = {
-            Path(s.transfer_log) for s in config.servers if s.transfer_log and s.site not in near
-        }
+        far = [s for s in config.servers if s.site not in near]
+        self._wan_logs = {Path(s.transfer_log) for s in far if s.transfer_log}
+        self._far_hosts = {s.host for s in far}
         self._background: set[asyncio.Task] = set()  # work that outlives its request
         self.active = 0  # requests being handled
         self.live = LiveStats()
@@ -308,10 +308,15 @@ class Router:
             self.records.write(record)
             self.live.add(record)
 
-    def _settle_wan(self, log, transfer) -> None:
-        """A receiver's log line: if it is a far-site server's, the WAN line learns."""
-        if self.policy.wan is not None and log in self._wan_logs:
+    def _learn_wan(self, log, side: str, transfer) -> None:
+        """A transfer-log line: a far-site receiver's settles its WAN transfer; a sender's
+        to a far-site host gives the window its connection ended with."""
+        if self.policy.wan is None:
+            return
+        if side == "decode" and log in self._wan_logs:
             self.policy.wan.settle(transfer.room, transfer)
+        elif side == "prefill" and transfer.peer.rsplit(":", 1)[0] in self._far_hosts:
+            self.policy.wan.sender_end(transfer.room, transfer)
 
     def _on_wan(self, route: Route, record: RequestRecord) -> None:
         """A request whose KV crosses the WAN: its prediction goes into the record, and

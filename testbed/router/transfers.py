@@ -3,7 +3,7 @@
 Each line is a :data:`protocol.records.TRANSFER_LOG_SIDES` record: a transfer's
 sender side (prefill, one per destination), its receiver side (decode), or a handoff
 main decode applied. ``join`` puts them into a request's record (KV bytes, the TTFT's
-parts), and the router's WAN line learns from the receivers' lines as they appear.
+parts), and the router's WAN line learns from the lines as they appear (``on_line``).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ logger = logging.getLogger("pdd.router")
 
 
 class TransferIndex:
-    def __init__(self, paths: list[Path], on_decode=None) -> None:
+    def __init__(self, paths: list[Path], on_line=None) -> None:
         self._offsets = {Path(p): 0 for p in paths}
         # (log, room, side) → records in the order written (a dual-path room has two
         # sender lines in prefill's log; a catch-up handoff several handoff lines)
         self._lines: OrderedDict[tuple[Path, int, str], list] = OrderedDict()
         self._by_room: dict[int, set[tuple[Path, int, str]]] = {}  # for forget
-        self._on_decode = on_decode  # called with (log, receiver's record) as each is read
+        self._on_line = on_line  # called with (log, side, record) as each line is read
 
     def refresh(self) -> None:
         """Read what the logs gained since the last call."""
@@ -63,8 +63,8 @@ class TransferIndex:
                 key = (path, record.room, side)
                 self._lines.setdefault(key, []).append(record)
                 self._by_room.setdefault(record.room, set()).add(key)
-                if side == "decode" and self._on_decode is not None:
-                    self._on_decode(path, record)
+                if self._on_line is not None:
+                    self._on_line(path, side, record)
         while len(self._lines) > KEEP:
             key, _ = self._lines.popitem(last=False)
             self._unindex(key)

@@ -8,8 +8,12 @@ Lifecycle of one transfer on a :class:`WanLine`::
                         │ counted in the backlog, which drains at the goodput
                         ▼
                       settle(room, record)  the receiver's log says it ended: the
-                                            goodput average learns from it, and an
-                                            empty line has no backlog left
+                        │                   goodput average learns from it, an empty
+                        │                   line has no backlog left, and its
+                        │                   connection goes back to the pool
+                        ▼
+                      sender_end(room, record)  the sender's log: the window its
+                                            connection really ended with
 
 What is predicted is what the receiver measures: its first KV byte to its last, less any
 time the sender waited for prefill between chunks (``TransferRecord.seconds``).
@@ -30,11 +34,14 @@ One flow alone pays, on top of its bytes at the goodput:
   11 round trips, where doubling would take 4). Decode servers pool their KV
   connections and reuse the warmest: the largest window its sender reported, then the
   one returned last (``servers.kv_pool_reuse_s``; ``engine_patches.kv_transfer``), so the
-  line mirrors that pool: a connection comes back with the window and threshold its
-  sender reported at the end of its transfer (``TransferRecord.cwnd_end_bytes``,
-  ``ssthresh_end_bytes``: loss shrinks them; where the sender said nothing, the model
-  guesses that slow start grew the window by every byte acknowledged: ``w + x`` after
-  ``x`` bytes from ``w``). Decode checks a connection out
+  line mirrors that pool: a connection comes back ranked by the window its sender
+  reported in the Done frame (``TransferRecord.cwnd_end_bytes``, what decode ranks it
+  by), and holds the window and threshold the sender's own log line gives once read
+  (loss shrinks them, and the Done frame leaves while the last windows are still in
+  flight: on hetero it reported 1.6 MB where the sender ended at 0.8 MB after 82
+  retransmissions). Where no sender said anything, the model guesses that slow start
+  grew the window by every byte acknowledged: ``w + x`` after ``x`` bytes from ``w``.
+  Decode checks a connection out
   only when its request reaches it (``lead_s`` after routing, learned from the
   receivers' start stamps), so a transfer routed while every pooled connection is busy
   gets the one the model sees freed by then; only when none is does it pay a new
@@ -121,6 +128,16 @@ class WanPrediction:
 
 
 @dataclass
+class _Idle:
+    """A pooled connection, as the model sees it."""
+
+    room: int  # the transfer that returned it
+    rank: float  # the window decode ranks it by (the Done frame's)
+    window: Window  # its congestion state (the sender's log once read, else the rank's)
+    since: float
+
+
+@dataclass
 class _Outstanding:
     bytes: int
     left: float  # not yet drained (the fluid model's view)
@@ -165,7 +182,8 @@ class WanLine:
         self.achieved = _Goodput(self.rate, samples)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
-        self.pool: list[tuple[Window, float]] = []  # idle connections: (window, since), LIFO
+        self.pool: list[_Idle] = []  # idle connections
+        self.ended: dict[int, Window] = {}  # senders' end windows read before settle
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
         self.leads: deque[float] = deque(maxlen=32)  # routed to decode's checkout (seconds)
         self._as_of = clock()
@@ -226,24 +244,25 @@ class WanLine:
         out). Decode takes the warmest idle connection when its request reaches it,
         ``lead_s`` after routing: one idle now and still reusable, or one of a transfer
         the model sees ending by then; without any, a new connection's."""
-        self.pool = [(w, t) for w, t in self.pool if now - t < self.pool_reuse_s]
+        self.pool = [c for c in self.pool if now - c.since < self.pool_reuse_s]
         active = [o for o in self.outstanding.values() if o.left > 0]
         share = self.goodput / max(1, len(active))
         freed = [
-            (self._grown(o.window, o.bytes), o)
-            for o in self.outstanding.values()
-            if not o.promised and o.left / share <= self.lead_s
+            o for o in self.outstanding.values() if not o.promised and o.left / share <= self.lead_s
         ]
-        idle = [(w, i) for i, (w, _) in enumerate(self.pool)]
-        candidates = [(w.cwnd, n, w, who) for n, (w, who) in enumerate(idle + freed)]
-        if not candidates:
+        best_idle = max(self.pool, key=lambda c: (c.rank, c.since), default=None)
+        best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
+        if best_freed is not None and (
+            best_idle is None
+            or self._grown(best_freed.window, best_freed.bytes).cwnd > best_idle.rank
+        ):
+            best_freed.promised |= take
+            return self._grown(best_freed.window, best_freed.bytes)
+        if best_idle is None:
             return Window()
-        _, _, window, who = max(candidates, key=lambda c: c[:2])  # then the latest
-        if take and isinstance(who, _Outstanding):
-            who.promised = True
-        elif take:
-            del self.pool[who]
-        return window
+        if take:
+            self.pool.remove(best_idle)
+        return best_idle.window
 
     def _grown(self, window: Window, nbytes: float) -> Window:
         """The model's guess of a window after carrying ``nbytes``: slow start grows it
@@ -289,7 +308,9 @@ class WanLine:
         else:
             window = self._grown(item.window, record.wire_bytes)
         if not item.promised:  # else the transfer promised it has it
-            self.pool.append((window, self._as_of))
+            truth = self.ended.pop(room, window)
+            self.pool.append(_Idle(room, window.cwnd, truth, self._as_of))
+        self._forget_ended()
         first, end = record.end - record.seconds, record.end
         shared = any(f < end and first < e for f, e in self.recent) or any(
             o.started < end and o.left > 0 for o in self.outstanding.values()
@@ -299,6 +320,26 @@ class WanLine:
             x = record.wire_bytes
             start = item.window  # the sender's measured window where it said
             if record.cwnd_bytes:
-                start = Window(float(record.cwnd_bytes), item.window.ssthresh)
+                ssthresh = record.ssthresh_bytes or float("inf")
+                start = Window(float(record.cwnd_bytes), float(ssthresh))
             explained = start.extra_s(x, self.rate, self.rtt) + self.loss_s(x)
             self.achieved.add(x, record.seconds - explained)
+
+    def sender_end(self, room: int, record: TransferRecord) -> None:
+        """The sender's log line for ``room``: the window its connection ended with, once
+        the receiver's acknowledgement came back (later than the Done frame's)."""
+        if not record.ok or not record.cwnd_end_bytes:
+            return
+        ssthresh = record.ssthresh_end_bytes or float("inf")
+        window = Window(float(record.cwnd_end_bytes), float(ssthresh))
+        for idle in self.pool:
+            if idle.room == room:
+                idle.window = window
+                return
+        if room in self.outstanding:  # the receiver's line is not read yet
+            self.ended[room] = window
+
+    def _forget_ended(self) -> None:
+        """Drop senders' windows whose transfers the model no longer has."""
+        for room in [r for r in self.ended if r not in self.outstanding]:
+            del self.ended[room]

@@ -4,6 +4,7 @@ and the three narrow hooks that make ``tcp`` a backend SGLang knows."""
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -36,7 +37,7 @@ def test_frames_cross_a_real_socket_and_bad_peers_are_refused():
     assert KvChunkHeader.decode(body) == KvChunkHeader(3, 4, 99)
     assert np.frombuffer(body[KvChunkHeader.size :], np.float32).tolist() == payload.tolist()
 
-    done = Done(4, 16000, 0.25, 14480, retransmits=3, cwnd_end_bytes=5, ssthresh_end_bytes=6)
+    done = Done(4, 16000, 0.25, 14480, 3, cwnd_end_bytes=5, ssthresh_end_bytes=6, ssthresh_bytes=7)
     send_frame(a, MsgType.DONE, 1, done.encode())
     assert Done.decode(bytes(recv_frame(b)[2])) == done
 
@@ -313,3 +314,53 @@ def test_decode_reuses_its_warmest_idle_connection_and_drops_stale_and_closed_on
     for a, b in pairs:
         a.close()
         b.close()
+
+
+def test_clear_right_after_success_leaves_the_connection_to_its_next_request():
+    """SGLang polls Success and at once clear()s the sender, while the sender's thread
+    is still writing its record before it hands the connection back for the next
+    request. clear() must not close that connection (it did: the pooled connection's
+    next request read a closed socket, EBADF, and decode lost its warmest connection).
+    The stand-in's log write holds the sender at that point until clear() has run."""
+    import threading
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    src = [torch.zeros(16, 4) for _ in range(2)]
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
+    mgr = _StandInManager(pool)
+    cleared, reused = threading.Event(), []
+    mgr.log = type("Log", (), {"write": lambda _, record: cleared.wait(5)})()
+    mgr.reuse_connection = lambda conn, peer: reused.append(conn.fileno())
+    room = new_room()
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(0, -1, 0, np.array([0, 1], np.int32))
+    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(2)
+
+    def decode() -> None:
+        while recv_frame(decode_end)[0] != MsgType.DONE:
+            pass
+        send_frame(decode_end, MsgType.ACK, room)
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    sender.send(np.array([0, 1]), state_indices=[])
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    sender.clear()  # what SGLang's prefill does on Success
+    cleared.set()
+    reader.join(5)
+    deadline = time.monotonic() + 5
+    while not reused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reused and reused[0] != -1  # handed back open
+    send_frame(decode_end, MsgType.TRANSFER_REQUEST, room)  # the next request gets there
+    assert recv_frame(prefill_end)[0] == MsgType.TRANSFER_REQUEST
+    decode_end.close()
+    prefill_end.close()

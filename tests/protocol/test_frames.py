@@ -14,6 +14,7 @@ from protocol.frames import (
     MAGIC,
     MAX_BODY,
     TAG_BYTES,
+    VERSION,
     MsgType,
     ProtocolError,
     frame_size,
@@ -70,8 +71,9 @@ def test_async_writer_and_sync_reader_agree_both_ways():
     [
         (HEADER.pack(b"HTTP", 1, MsgType.WATCH, 0, 1, 0), "bad magic"),
         (HEADER.pack(MAGIC, 9, MsgType.WATCH, 0, 1, 0), "version 9"),
-        (HEADER.pack(MAGIC, 1, 200, 0, 1, 0), "unknown message type 200"),
-        (HEADER.pack(MAGIC, 1, MsgType.KV_CHUNK, 0, 1, MAX_BODY + 1), "exceeds"),
+        (HEADER.pack(MAGIC, VERSION - 1, MsgType.WATCH, 0, 1, 0), f"version {VERSION - 1}"),
+        (HEADER.pack(MAGIC, VERSION, 200, 0, 1, 0), "unknown message type 200"),
+        (HEADER.pack(MAGIC, VERSION, MsgType.KV_CHUNK, 0, 1, MAX_BODY + 1), "exceeds"),
     ],
 )
 def test_both_readers_refuse_what_is_not_a_frame(raw, message):
@@ -150,7 +152,7 @@ def test_a_tampered_body_a_forged_tag_or_a_missing_tag_is_refused(keyed):
     with pytest.raises(ProtocolError, match="failed authentication"):
         recv_frame(b)
     a, b = _pair()
-    a.sendall(HEADER.pack(MAGIC, 1, MsgType.WATCH, 0, 1, 0))  # from a peer without the key
+    a.sendall(HEADER.pack(MAGIC, VERSION, MsgType.WATCH, 0, 1, 0))  # from a peer without the key
     with pytest.raises(ProtocolError, match="no frame key"):
         recv_frame(b)
 

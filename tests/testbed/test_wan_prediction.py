@@ -237,7 +237,7 @@ def test_the_window_the_sender_reported_is_the_one_the_next_transfer_starts_from
     line.start(room=1, nbytes=MB)
     clock.now += 5.0
     line.settle(1, settled(1, MB, 4.0, cwnd_bytes=INITIAL_WINDOW, cwnd_end_bytes=30_000))
-    assert line.pool[-1][0].cwnd == 30_000  # not 14.5 KB + 1 MB
+    assert line.pool[-1].window.cwnd == 30_000  # not 14.5 KB + 1 MB
     expected = slow_start_s(MB, rate, rtt, window=30_000)
     assert line.predict(MB).seconds == pytest.approx(expected + MB / line.goodput, rel=0.01)
 
@@ -285,6 +285,46 @@ def test_the_line_mirrors_decode_taking_its_warmest_connection():
         expected = slow_start_s(MB, rate, rtt, window=window) + (n + 1) * MB / line.goodput
         assert line.predict(MB).seconds == pytest.approx(expected)
         line.start(room=window, nbytes=MB)  # checks it out
+
+
+@pytest.mark.parametrize("sender_first", [False, True])
+def test_the_senders_log_gives_the_window_and_decode_ranks_by_the_done_frames(sender_first):
+    """The Done frame leaves while the last windows are in flight, so losses there are
+    missing from it; the sender's log line, written once the receiver acknowledged, has
+    the window the connection really keeps. Decode ranks its pool by the Done frame's
+    (all it has), so the mirror picks as decode does and predicts with the sender's."""
+    clock = Clock()
+    rate, rtt = 10 * MB, 1.0
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    line.start(room=1, nbytes=MB)
+    line.start(room=2, nbytes=MB)
+    clock.now += 5.0
+    shrunk = dict(cwnd_end_bytes=400_000, ssthresh_end_bytes=400_000)
+    if sender_first:
+        line.sender_end(1, settled(1, MB, 1.0, **shrunk))
+    line.settle(1, settled(1, MB, 1.0, end=clock.now, cwnd_end_bytes=900_000))
+    line.settle(2, settled(2, MB, 1.0, end=clock.now, cwnd_end_bytes=600_000))
+    if not sender_first:
+        line.sender_end(1, settled(1, MB, 1.0, **shrunk))
+    line.sender_end(7, settled(7, MB, 1.0, **shrunk))  # a transfer the line never had
+    assert not line.ended
+    expected = slow_start_s(MB, rate, rtt, 400_000, 400_000) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(expected)  # room 1's, as it ended
+    line.start(room=3, nbytes=MB)
+    expected = slow_start_s(MB, rate, rtt, 600_000) + 2 * MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(expected)  # then room 2's
+
+
+def test_a_transfer_in_congestion_avoidance_does_not_lower_the_goodput():
+    """A transfer slowed by its window's linear growth (the sender's threshold at its
+    first chunk says it was past slow start) is explained by it, not by a slower line."""
+    clock = Clock()
+    rate, rtt, cwnd = 2 * MB, 1.0, 200_000
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    for room in range(1, 6):
+        seconds = slow_start_s(532_000, rate, rtt, cwnd, cwnd) + 532_000 / rate
+        alone(line, clock, room, 532_000, seconds, cwnd_bytes=cwnd, ssthresh_bytes=cwnd)
+    assert line.goodput == pytest.approx(rate)
 
 
 def test_past_the_slow_start_threshold_a_window_grows_a_segment_a_round_trip():
