@@ -105,6 +105,7 @@ class _Leg:
 
     def _run(self) -> None:
         conn, mgr, room = self.incoming.conn, self.sender.kv_mgr, self.sender.room
+        record = self.record
         conn.settimeout(mgr.timeouts.idle)
         offered = sent = 0  # pages of the send stream seen / sent to this destination
         try:
@@ -114,8 +115,8 @@ class _Leg:
                     pages, last, aux = self.queue.get(timeout=mgr.timeouts.first_data)
                 except queue.Empty:
                     raise TimeoutError("no KV chunk came from the scheduler") from None
-                if self.record.first_byte is not None:  # the wire idled for prefill
-                    self.record.sender_wait_s += time.monotonic() - asked
+                if record.first_byte is not None:  # the wire idled for prefill
+                    record.sender_wait_s += time.monotonic() - asked
                 keep = pages[max(0, self.skip - offered) :]
                 offered += len(pages)
                 sent = self._send_pages(conn, keep, sent)
@@ -127,10 +128,9 @@ class _Leg:
                     )
                 if aux is not None:
                     parts = [t.numpy() for t in aux]
-                    self.record.wire_bytes += send_frame(
+                    record.wire_bytes += send_frame(
                         conn, MsgType.AUX, room, crc32(parts).to_bytes(4, "big"), *parts
                     )
-                record = self.record
                 self._end_state(conn)
                 done = Done(
                     sent,

@@ -39,25 +39,23 @@ def _round(tried, proposal):
 
 
 @pytest.mark.parametrize(
-    ("rounds", "chosen"),
+    ("rounds", "chosen", "recorded"),
     [
-        ([_round(100, 108)], 108),  # within 15%: settled on the first slice
-        ([_round(100, 90)], 90),  # a little lower: settled too
-        ([_round(50, 209)], None),  # saturated cores proposed far more: measure there
-        ([_round(50, 209), _round(209, 86)], None),  # generous: try the lower k
-        ([_round(50, 209), _round(209, 86), _round(86, 95)], 95),  # settled on the third
-        # no round left: the smallest k whose own slice fitted it
-        ([_round(50, 209), _round(209, 86), _round(86, 150)], 209),
-        # none fitted: the largest proposal
-        ([_round(50, 80), _round(80, 130), _round(130, 200)], 200),
+        ([_round(100, 108)], 108, 0),  # within 15%: settled on the first slice
+        ([_round(100, 90)], 90, 0),  # a little lower: settled too
+        ([_round(50, 209)], None, None),  # saturated cores proposed far more: measure there
+        ([_round(50, 209), _round(209, 86)], None, None),  # generous: try the lower k
+        ([_round(50, 209), _round(209, 86), _round(86, 95)], 95, 2),  # settled on the third
+        # no round left: the smallest k whose own slice fitted it (the slice that tried it)
+        ([_round(50, 209), _round(209, 86), _round(86, 150)], 209, 1),
+        # none fitted: the largest proposal (the slice that proposed it)
+        ([_round(50, 80), _round(80, 130), _round(130, 200)], 200, 2),
     ],
 )
-def test_calibration_runs_rounds_until_the_proposal_settles(rounds, chosen):
+def test_calibration_runs_rounds_until_the_proposal_settles(rounds, chosen, recorded):
     from testbed.bench.calibrate import settle
 
     decision = settle(rounds, tolerance=0.15, max_rounds=3)
     assert decision.k == chosen, decision.why
-    if chosen is not None:  # the slice whose measurements the run records: it tried k ...
-        assert decision.round["tried"] == chosen or decision.round["proposal"] == chosen
-    else:
-        assert decision.round is None
+    # the slice whose measurements the run records as the calibration
+    assert decision.round is (None if recorded is None else rounds[recorded])
