@@ -26,7 +26,7 @@ from typing import NamedTuple
 from protocol.env import Env
 
 MAGIC = b"PDKV"
-VERSION = 2  # 2: Done carries the sender's slow start threshold at its first chunk
+VERSION = 2  # 2: Done carries the sender's threshold at its first chunk; the Window frame
 HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, flags, room, body length
 MAX_BODY = 1 << 30  # no frame is larger, whatever its type
 TAGGED = 1  # flags: an authentication tag follows the body
@@ -46,6 +46,7 @@ class MsgType(enum.IntEnum):
     HANDOFF = 9  # router → MD: token ids relay decode generated
     EXTENDED = 10  # MD → router: one extend forward over them is done
     RELEASE = 11  # router → MD: relay decode finished the request; drop it
+    WINDOW = 12  # prefill → decode, after the Ack: the connection's congestion state
 
 
 SMALL = 4 << 10
@@ -63,6 +64,7 @@ BODY_LIMITS: dict[MsgType, int] = {
     MsgType.HANDOFF: 64 << 20,
     MsgType.EXTENDED: SMALL,
     MsgType.RELEASE: 64 << 10,
+    MsgType.WINDOW: SMALL,
 }
 
 

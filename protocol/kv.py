@@ -35,7 +35,8 @@ class TransferRequest:
 
 # KV connections are pooled per decode server and prefill (a warm congestion window: no
 # slow start per request on a long-RTT WAN). Decode reuses the warmest connection (the
-# largest window its sender reported, then the one returned last) idle less than this;
+# largest window its sender reported: its Window frame, else its Done frame; then the
+# one returned last) idle less than this;
 # prefill closes one idle twice as long. The default of
 # ``servers.kv_pool_reuse_s``, dilated under emulation as the other KV timeouts are.
 POOL_REUSE_S = 30.0
@@ -98,6 +99,26 @@ class Done:
 
     @classmethod
     def decode(cls, body: bytes) -> Done:
+        return cls(*cls._FIXED.unpack(body))
+
+
+@dataclass(frozen=True)
+class Window:
+    """The sender's congestion window and slow start threshold (0: none) once the
+    receiver's Ack came back: every byte acknowledged and every loss recovered, where the
+    Done frame's were read with the last windows still in flight. Sent after the Ack;
+    decode ranks its pooled connections by it (the Done frame's until it arrives)."""
+
+    cwnd_bytes: int
+    ssthresh_bytes: int = 0
+
+    _FIXED = struct.Struct("!II")
+
+    def encode(self) -> bytes:
+        return self._FIXED.pack(self.cwnd_bytes, self.ssthresh_bytes)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Window:
         return cls(*cls._FIXED.unpack(body))
 
 

@@ -1,8 +1,9 @@
 """``tcp``: a KV-cache transfer backend for SGLang PD disaggregation over plain TCP.
 
 Moves the actual KV pages from a prefill server's pool into a decode server's pool
-(works on CPU, and through an emulated WAN). One TCP connection per transfer, opened
-by the decode side to the prefill server's bootstrap port:
+(works on CPU, and through an emulated WAN). Decode opens TCP connections to the prefill
+server's bootstrap port and pools them (``servers.kv_pool_reuse_s``); each carries one
+transfer at a time:
 
     decode                                   prefill (scheduler process)
     send_metadata ── TransferRequest ──────▶ listener: request parked by room
@@ -13,6 +14,8 @@ by the decode side to the prefill server's bootstrap port:
     verify counts ◀────────── Done ─────────
                   ────────── Ack ─────────▶  sender.poll: Success
     poll: Success
+    pool the conn ◀────────── Window ─────── its congestion state now; the connection
+                                              waits for decode's next request
 
 Any timeout, reset or abort ends the transfer as ``KVPoll.Failed`` on both sides with
 the reason in ``failure_exception()``. The wire format is in :mod:`protocol.frames`

@@ -17,6 +17,7 @@ import logging
 import os
 import select
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol import tls
 from protocol.env import Env, kv_timeout
 from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
-from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S, TransferRequest
+from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S, TransferRequest, Window
 from protocol.records import JsonlWriter
 
 logger = logging.getLogger("pdd.kv_transfer")
@@ -186,21 +187,25 @@ class TcpKVManager(BaseKVManager):
     # -- decode side: the connection pool -----------------------------------------
     def checkout(self, addr: str) -> socket.socket | None:
         """The warmest idle connection to ``addr``: the largest congestion window its
-        sender reported (the most recently returned among equals), idle less than
-        ``pool_reuse``; those idle longer, or closed, are dropped."""
+        sender reported (its Window frame once it came, else its Done frame's; the most
+        recently returned among equals), idle less than ``pool_reuse``; those idle
+        longer, or closed, are dropped."""
         now = time.monotonic()
         chosen, dropped = None, []
         with self._lock:
             idle = self._idle.get(addr, [])
             reuse = self.timeouts.pool_reuse
             dropped = [c[0] for c in idle if now - c[1] >= reuse]
-            idle[:] = sorted((c for c in idle if now - c[1] < reuse), key=_warmth)
-            while idle and chosen is None:
-                sock = idle.pop()[0]  # the warmest
-                if _still_open(sock):
-                    chosen = sock
-                else:
+            kept = []
+            for sock, since, window in (c for c in idle if now - c[1] < reuse):
+                window = _window_now(sock, window)
+                if window is None:
                     dropped.append(sock)
+                else:
+                    kept.append((sock, since, window))
+            idle[:] = sorted(kept, key=_warmth)
+            if idle:
+                chosen = idle.pop()[0]  # the warmest
         for sock in dropped:
             sock.close()
         return chosen
@@ -278,6 +283,28 @@ def _refuse(conn: socket.socket, room: int, reason: str) -> None:
     with contextlib.suppress(OSError):
         send_frame(conn, MsgType.FAILURE, room, reason.encode())
     conn.close()
+
+
+def _window_now(sock: socket.socket, window: int) -> int | None:
+    """An idle pooled connection's window: its sender's Window frame where it came (read
+    here), else ``window``; None if the peer closed it, keepalive gave up on it (a cut
+    WAN), or it carries anything else."""
+    timeout = sock.gettimeout()
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+            return None
+        while select.select([sock], [], [], 0)[0]:
+            sock.settimeout(1.0)  # a frame that began to arrive is whole by then
+            kind, _, body = recv_frame(sock)
+            if kind != MsgType.WINDOW:
+                return None
+            window = Window.decode(bytes(body)).cwnd_bytes
+        return window
+    except (OSError, ValueError, struct.error):
+        return None
+    finally:
+        with contextlib.suppress(OSError):
+            sock.settimeout(timeout)
 
 
 def _still_open(sock: socket.socket) -> bool:

@@ -199,6 +199,8 @@ class TcpKVReceiver(BaseKVReceiver):
         limits = {MsgType.KV_CHUNK: max_chunk_body(mgr.pool.bytes_per_row)}
         while True:
             kind, _, body = recv_frame(sock, on_header=mark_first_byte, limits=limits)
+            if kind == MsgType.WINDOW:  # the last transfer's, come after its checkout
+                continue
             sock.settimeout(timeouts.idle)
             record.wire_bytes += frame_size(len(body))
             view = memoryview(body)

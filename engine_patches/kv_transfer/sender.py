@@ -37,7 +37,7 @@ from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransfer
 
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
 from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame, tcp_state
-from protocol.kv import Done, KvChunkHeader, crc32, rows_per_chunk
+from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
 
@@ -156,6 +156,9 @@ class _Leg:
                     # connections under their next request's reader: EBADF).
                     self.state, self.released = "success", True
                 self._end_state(conn)  # and the last round trip
+                with contextlib.suppress(OSError):  # a broken one ends at the next read
+                    end = Window(record.cwnd_end_bytes, record.ssthresh_end_bytes)
+                    send_frame(conn, MsgType.WINDOW, room, end.encode())
                 self._finish_record("success", None)
                 mgr.reuse_connection(conn, self.incoming.peer)
                 return

@@ -34,14 +34,15 @@ One flow alone pays, on top of its bytes at the goodput:
   11 round trips, where doubling would take 4). Decode servers pool their KV
   connections and reuse the warmest: the largest window its sender reported, then the
   one returned last (``servers.kv_pool_reuse_s``; ``engine_patches.kv_transfer``), so the
-  line mirrors that pool: a connection comes back ranked by the window its sender
-  reported in the Done frame (``TransferRecord.cwnd_end_bytes``, what decode ranks it
-  by), and holds the window and threshold the sender's own log line gives once read
-  (loss shrinks them, and the Done frame leaves while the last windows are still in
-  flight: on hetero it reported 1.6 MB where the sender ended at 0.8 MB after 82
-  retransmissions). Where no sender said anything, the model guesses that slow start
-  grew the window by every byte acknowledged: ``w + x`` after ``x`` bytes from ``w``.
-  Decode checks a connection out
+  line mirrors that pool: a connection comes back with the window its sender reported
+  in the Done frame (``TransferRecord.cwnd_end_bytes``), and then with the window and
+  threshold of the sender's own log line, written once decode's Ack came back (loss
+  shrinks them, and the Done frame leaves while the last windows are still in flight:
+  on hetero it reported 1.6 MB where the sender ended at 0.8 MB after 82
+  retransmissions). Decode ranks its pool the same way: the Done frame's window until
+  the sender's Window frame, sent after the Ack, arrives. Where no sender said
+  anything, the model guesses that slow start grew the window by every byte
+  acknowledged: ``w + x`` after ``x`` bytes from ``w``. Decode checks a connection out
   only when its request reaches it (``lead_s`` after routing, learned from the
   receivers' start stamps), so a transfer routed while every pooled connection is busy
   gets the one the model sees freed by then; only when none is does it pay a new
@@ -132,8 +133,7 @@ class _Idle:
     """A pooled connection, as the model sees it."""
 
     room: int  # the transfer that returned it
-    rank: float  # the window decode ranks it by (the Done frame's)
-    window: Window  # its congestion state (the sender's log once read, else the rank's)
+    window: Window  # its congestion state: the Done frame's, then the sender's log's
     since: float
 
 
@@ -250,11 +250,11 @@ class WanLine:
         freed = [
             o for o in self.outstanding.values() if not o.promised and o.left / share <= self.lead_s
         ]
-        best_idle = max(self.pool, key=lambda c: (c.rank, c.since), default=None)
+        best_idle = max(self.pool, key=lambda c: (c.window.cwnd, c.since), default=None)
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         if best_freed is not None and (
             best_idle is None
-            or self._grown(best_freed.window, best_freed.bytes).cwnd > best_idle.rank
+            or self._grown(best_freed.window, best_freed.bytes).cwnd > best_idle.window.cwnd
         ):
             best_freed.promised |= take
             return self._grown(best_freed.window, best_freed.bytes)
@@ -308,8 +308,7 @@ class WanLine:
         else:
             window = self._grown(item.window, record.wire_bytes)
         if not item.promised:  # else the transfer promised it has it
-            truth = self.ended.pop(room, window)
-            self.pool.append(_Idle(room, window.cwnd, truth, self._as_of))
+            self.pool.append(_Idle(room, self.ended.pop(room, window), self._as_of))
         self._forget_ended()
         first, end = record.end - record.seconds, record.end
         shared = any(f < end and first < e for f, e in self.recent) or any(
@@ -327,7 +326,7 @@ class WanLine:
 
     def sender_end(self, room: int, record: TransferRecord) -> None:
         """The sender's log line for ``room``: the window its connection ended with, once
-        the receiver's acknowledgement came back (later than the Done frame's)."""
+        the receiver's Ack came back (decode has it too, from the Window frame)."""
         if not record.ok or not record.cwnd_end_bytes:
             return
         ssthresh = record.ssthresh_end_bytes or float("inf")

@@ -13,7 +13,7 @@ import torch
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol.env import Env
 from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame, tcp_state
-from protocol.kv import Done, KvChunkHeader, TransferRequest
+from protocol.kv import Done, KvChunkHeader, TransferRequest, Window
 
 
 def test_transfer_request_round_trip():
@@ -311,7 +311,20 @@ def test_decode_reuses_its_warmest_idle_connection_and_drops_stale_and_closed_on
     assert stale.fileno() == -1 and closed.fileno() == -1  # both closed, not reused
     assert TcpKVManager.checkout(pool, "p:1") is cold
     assert TcpKVManager.checkout(pool, "p:1") is None
-    for a, b in pairs:
+    # The sender's Window frame (after the Ack: losses of the last windows counted)
+    # re-ranks the pool; a connection carrying anything else is not reused.
+    shrunk, grown, odd = (socket.socketpair() for _ in range(3))
+    TcpKVManager.checkin(pool, "p:1", shrunk[0], window=900_000)
+    TcpKVManager.checkin(pool, "p:1", grown[0], window=300_000)
+    TcpKVManager.checkin(pool, "p:1", odd[0], window=2_000_000)
+    send_frame(shrunk[1], MsgType.WINDOW, 1, Window(400_000, 400_000).encode())
+    send_frame(grown[1], MsgType.WINDOW, 2, Window(600_000).encode())
+    send_frame(odd[1], MsgType.ACK, 3)
+    assert TcpKVManager.checkout(pool, "p:1") is grown[0]
+    assert odd[0].fileno() == -1
+    assert TcpKVManager.checkout(pool, "p:1") is shrunk[0]
+    assert shrunk[0].gettimeout() is None  # its timeout as it was
+    for a, b in [*pairs, shrunk, grown, odd]:
         a.close()
         b.close()
 

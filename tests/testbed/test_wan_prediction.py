@@ -288,11 +288,11 @@ def test_the_line_mirrors_decode_taking_its_warmest_connection():
 
 
 @pytest.mark.parametrize("sender_first", [False, True])
-def test_the_senders_log_gives_the_window_and_decode_ranks_by_the_done_frames(sender_first):
+def test_the_senders_log_gives_the_window_the_connection_really_kept(sender_first):
     """The Done frame leaves while the last windows are in flight, so losses there are
     missing from it; the sender's log line, written once the receiver acknowledged, has
-    the window the connection really keeps. Decode ranks its pool by the Done frame's
-    (all it has), so the mirror picks as decode does and predicts with the sender's."""
+    the window the connection really keeps (decode has it from the Window frame and
+    ranks its pool by it), whichever of the two log lines the router reads first."""
     clock = Clock()
     rate, rtt = 10 * MB, 1.0
     line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
@@ -308,11 +308,11 @@ def test_the_senders_log_gives_the_window_and_decode_ranks_by_the_done_frames(se
         line.sender_end(1, settled(1, MB, 1.0, **shrunk))
     line.sender_end(7, settled(7, MB, 1.0, **shrunk))  # a transfer the line never had
     assert not line.ended
-    expected = slow_start_s(MB, rate, rtt, 400_000, 400_000) + MB / line.goodput
-    assert line.predict(MB).seconds == pytest.approx(expected)  # room 1's, as it ended
+    expected = slow_start_s(MB, rate, rtt, 600_000) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(expected)  # room 2's is warmest now
     line.start(room=3, nbytes=MB)
-    expected = slow_start_s(MB, rate, rtt, 600_000) + 2 * MB / line.goodput
-    assert line.predict(MB).seconds == pytest.approx(expected)  # then room 2's
+    expected = slow_start_s(MB, rate, rtt, 400_000, 400_000) + 2 * MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(expected)  # then room 1's, as it ended
 
 
 def test_a_transfer_in_congestion_avoidance_does_not_lower_the_goodput():
