@@ -19,6 +19,8 @@ from pathlib import Path
 from topologies.network import Network
 
 RATE_TOLERANCE = 0.10
+UDP_PAYLOAD = 1400  # bytes per iperf3 datagram
+UDP_HEADERS = 8 + 20 + 14  # UDP, IPv4 and Ethernet: on the wire, not in iperf3's count
 RTT_TOLERANCE_MS = 1.0
 PINGS = 100
 MDEV_TOLERANCE = 0.30
@@ -88,7 +90,7 @@ def iperf(
         time.sleep(0.3)
         argv = ["iperf3", "-c", net.address(dst), "-p", str(IPERF_PORT), "-J", "-t", str(seconds)]
         if udp_mbit:
-            argv += ["-u", "-b", f"{udp_mbit}M", "-l", "1400"]
+            argv += ["-u", "-b", f"{udp_mbit}M", "-l", str(UDP_PAYLOAD)]
         else:
             argv += ["-O", "2", "-C", net.spec.wan.congestion_control]
         done = net.run(src, argv, timeout=seconds + 30, check=False)
@@ -178,7 +180,9 @@ def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
             # The receiver's clock runs the whole test, but its first packet comes one
             # delay late: over a long delay (time dilation) that share is not sent.
             in_flight = min(wan.delay_ms / 1000 / seconds, 0.5)
-            expected = wan.rate_mbit * (1 - wan.loss_pct / 100) * (1 - in_flight)
+            # The shaper counts whole frames; iperf3 counts the datagrams' payload.
+            payload = UDP_PAYLOAD / (UDP_PAYLOAD + UDP_HEADERS)
+            expected = wan.rate_mbit * (1 - wan.loss_pct / 100) * (1 - in_flight) * payload
             rows.append(
                 Measurement(
                     link,
