@@ -81,8 +81,9 @@ class PddConfig(BaseModel):
     switch_tokens: int = Field(
         16,
         ge=1,
-        description="Relay decode stops at the latest once main decode has decoded this many "
-        "tokens after the handoff, caught up with the client or not.",
+        description="Before main decode has caught up with the client, relay decode stops only "
+        "once main decode has decoded this many tokens after the handoff and, at the pace "
+        "they measured, reaches the client before the queued tokens run out.",
     )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."

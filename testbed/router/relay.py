@@ -139,7 +139,7 @@ class RelayedRequest:
             if (
                 greedy(self.body)
                 and not self.relay_died
-                and await switch_streams(self, rld, md_stream)
+                and await switch_streams(self, chunks(rld, self.prefill), rld.close, md_stream)
             ):
                 owns_md_side = self.drained is None  # else the drain releases MD's side
                 return self.out.response

@@ -7,40 +7,49 @@ import asyncio
 import time
 from collections import deque
 
-from testbed.router.upstream import UpstreamError, chunks
+from testbed.router.upstream import UpstreamError
 
 
-async def switch_streams(req, rld, md_stream) -> bool:
+async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     """After the final handoff, without a gap: relay decode keeps streaming while
     main decode takes over, and both streams (the same tokens: greedy decoding
     only) feed one queue the client is served from. Until main decode has caught up
     with the client, tokens leave the queue at most one per ``switch_pace`` x the
     request's inter-token interval, so the client's stream slows a little instead of
-    stopping for the takeover; once main decode has every token the client has
-    (or has decoded ``switch_tokens`` without catching up: on shared cores it may
-    not be faster), relay decode's request is aborted, and the tokens still queued
-    go at that pace until main decode has them too. If main
-    decode fails meanwhile, relay decode finishes the request (``fallback``).
-    Returns True if the client's stream ended here without main decode; main
-    decode's side is then released here or, while it still decodes the request
-    (its cache should hold the exchange), by a drain in the background."""
-    rld_stream = chunks(rld, req.prefill)
+    stopping for the takeover. Relay decode's request is aborted (``close_rld``) once
+    main decode has every token the client has, or once main decode has decoded
+    ``switch_tokens`` and, at its own measured pace, would reach what the router holds
+    before the client has been served what is queued (the client then never waits for
+    it); the tokens still queued go at that pace until main decode has them too. A
+    main decode slower than relay decode never catches up: relay decode then streams
+    the request to its end. If main decode fails meanwhile, relay decode finishes the
+    request (``fallback``). Returns True if the client's stream ended here without
+    main decode; main decode's side is then released here or, while it still decodes
+    the request (its cache should hold the exchange), by a drain in the background.
+
+    ``handoff_s`` is the longest gap the client saw from the final handoff until the
+    switch is complete (relay decode stopped and main decode caught up with the
+    client), waits for a main decode still behind included."""
     queue: deque = deque()  # chunks not yet sent, in token order
     have = len(req.tokens)  # tokens the router holds (sent or queued)
     pace = req.p.pdd.switch_pace * _itl(req.record.token_times)
-    md_first: int | None = None  # main decode's count in its first chunk
+    md_pace = _Pace()  # main decode's tokens per second since its first chunk
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
     last_sent, md_count = req.record.token_times[-1], 0
     rld_open, md_open, md_failed, finished = True, True, False, False
-    rld_finished = False
+    rld_finished, switching = False, True
     try:
         while not finished:
             caught_up = not md_failed and md_count >= len(req.tokens)
-            overdue = md_first is not None and md_count - md_first >= req.p.pdd.switch_tokens
-            if (caught_up or overdue) and rld_open:  # relay decode stops
+            in_time = (
+                not md_failed
+                and md_pace.tokens >= req.p.pdd.switch_tokens
+                and md_pace.seconds_for(have - md_count) <= (have - len(req.tokens) + 1) * pace
+            )
+            if (caught_up or in_time) and rld_open:  # relay decode stops
                 from_rld.cancel()
-                rld.close()
+                close_rld()
                 rld_open = False
                 req.record.decode_server = req.route.main_decode.name
             # main decode still behind what the client will get (unless relay decode
@@ -50,13 +59,12 @@ async def switch_streams(req, rld, md_stream) -> bool:
                 chunk = queue.popleft()
                 new = chunk.new_ids(len(req.tokens))
                 req.tokens += new
-                # the client-visible gap while switching (the first token after the
-                # final handoff counts even when main decode had caught up at once)
-                if rld_open or slow or req.record.handoff_s is None:
+                if switching:  # the client-visible gap while switching
                     gap = time.time() - last_sent
                     req.record.handoff_s = max(req.record.handoff_s or 0.0, gap)
                 await req.out.emit(chunk, len(new))
                 last_sent, finished = time.time(), chunk.finished or chunk.done
+                switching = rld_open or md_failed or md_count < len(req.tokens)
                 continue
             waits = {t for t, open_ in ((from_rld, rld_open), (from_md, md_open)) if open_}
             if not waits:
@@ -65,8 +73,9 @@ async def switch_streams(req, rld, md_stream) -> bool:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if rld_open and from_rld.done():
                 chunk = from_rld.result()
-                if chunk is None or chunk.error:
-                    rld_open = False  # relay decode is gone: main decode alone
+                if chunk is None or chunk.error:  # relay decode is gone: main decode alone
+                    rld_open = False
+                    req.record.decode_server = req.route.main_decode.name
                 else:
                     have = _queue(queue, chunk, have)
                     req.record.eager_tokens = have
@@ -82,7 +91,7 @@ async def switch_streams(req, rld, md_stream) -> bool:
                     continue
                 req.check_echo(chunk)
                 count = int(chunk.meta.get("completion_tokens", 0))
-                md_first = count if md_first is None else md_first
+                md_pace.add(count)
                 md_count = max(md_count, count)
                 have = _queue(queue, chunk, have)
                 md_open = not (chunk.finished or chunk.done)
@@ -101,6 +110,32 @@ async def switch_streams(req, rld, md_stream) -> bool:
         for task in (from_rld, from_md):
             if task is not None and not task.done():
                 task.cancel()
+
+
+class _Pace:
+    """Main decode's pace after the handoff, from the counts its chunks carry."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None  # (count, time) of its first chunk
+        self.last: tuple[int, float] | None = None
+
+    def add(self, count: int) -> None:
+        now = time.monotonic()
+        self.first = self.first or (count, now)
+        self.last = (count, now)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens decoded since its first chunk."""
+        return self.last[0] - self.first[0] if self.first else 0
+
+    def seconds_for(self, tokens: int) -> float:
+        """How long it takes to decode ``tokens`` more at its pace so far."""
+        if tokens <= 0:
+            return 0.0
+        if not self.tokens:
+            return float("inf")
+        return tokens * (self.last[1] - self.first[1]) / self.tokens
 
 
 def _itl(token_times: list[float]) -> float:

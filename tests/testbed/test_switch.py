@@ -1,0 +1,108 @@
+"""The switch from relay decode to main decode after the final handoff
+(``testbed.router.switch``). The two streams are async generators of SGLang-shaped
+chunks standing in for the servers' SSE responses, and the request is a stand-in
+holding only what the switch reads and writes; the real servers' switch runs in
+tests/testbed/test_pdd.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from protocol.stream import Chunk
+from testbed.router.config import PddConfig
+from testbed.router.switch import switch_streams
+
+TOTAL = 40  # output tokens of the request
+EAGER = 12  # tokens the client had from relay decode at the final handoff
+
+
+def chunk(count: int) -> Chunk:
+    ids = [100 + i for i in range(count)]
+    data = {"output_ids": ids, "meta_info": {"completion_tokens": count}}
+    if count == TOTAL:
+        data["meta_info"]["finish_reason"] = {"type": "length"}
+    return Chunk.parse(f"data: {json.dumps(data)}")
+
+
+async def stream(first: int, step_s: float, die_after: int | None = None):
+    """Chunks with counts ``first``..TOTAL, one every ``step_s``; None-ending early
+    (the server gone) after ``die_after``."""
+    for count in range(first, TOTAL + 1):
+        await asyncio.sleep(step_s)
+        if die_after is not None and count > die_after:
+            return
+        yield chunk(count)
+
+
+class Request:
+    """What the switch uses of relay.RelayedRequest."""
+
+    def __init__(self, itl_s: float) -> None:
+        now = time.time()
+        self.tokens = [100 + i for i in range(EAGER)]
+        times = [now - (EAGER - i) * itl_s for i in range(EAGER)]
+        self.record = SimpleNamespace(token_times=times, handoff_s=None, eager_tokens=EAGER)
+        self.record.decode_server, self.record.fallback = "rld", None
+        self.p = SimpleNamespace(pdd=PddConfig(switch_pace=1.25, switch_tokens=4))
+        self.route = SimpleNamespace(main_decode=SimpleNamespace(name="md"))
+        self.sent: list[float] = list(times)  # when the client got each token
+        self.rld_closed = False
+        self.out = SimpleNamespace(emit=self.emit, finish=self.finish)
+
+    async def emit(self, chunk, n: int) -> None:
+        self.sent += [time.time()] * n
+
+    async def finish(self) -> None:
+        pass
+
+    def check_echo(self, chunk) -> None:
+        pass
+
+    def start_drain(self, pending, md_stream) -> None:
+        pending.cancel()
+
+    def close_rld(self) -> None:
+        self.rld_closed = True
+
+    @property
+    def longest_gap(self) -> float:
+        return max(b - a for a, b in zip(self.sent[EAGER - 1 :], self.sent[EAGER:], strict=False))
+
+
+def run(req: Request, rld, md) -> bool:
+    return asyncio.run(switch_streams(req, rld, req.close_rld, md))
+
+
+def test_a_faster_main_decode_takes_over_once_it_caught_up_with_the_client():
+    req = Request(itl_s=0.06)
+    ended_on_rld = run(req, stream(EAGER + 1, 0.06), stream(EAGER - 4, 0.015))
+    assert not ended_on_rld and req.rld_closed and req.record.decode_server == "md"
+    assert req.tokens == [100 + i for i in range(TOTAL)]
+    assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
+    assert req.longest_gap < 3 * 0.06  # the stream slowed at most, never stopped
+
+
+def test_a_main_decode_slower_than_relay_decode_never_makes_the_client_wait():
+    """It would never catch up: relay decode streams the request to its end (it was
+    cut after switch_tokens, and the client then waited for main decode)."""
+    req = Request(itl_s=0.05)
+    ended_on_rld = run(req, stream(EAGER + 1, 0.05), stream(EAGER - 6, 0.12))
+    assert ended_on_rld and not req.rld_closed
+    assert req.tokens == [100 + i for i in range(TOTAL)]
+    assert req.longest_gap < 3 * 0.05
+
+
+def test_waiting_for_a_main_decode_still_behind_counts_as_the_handoff_gap():
+    """Relay decode dies right after the handoff: the client waits for main decode
+    to reach it, and that wait is the handoff's gap."""
+    req = Request(itl_s=0.05)
+    ended_on_rld = run(req, stream(EAGER + 1, 0.05, die_after=EAGER), stream(EAGER - 10, 0.06))
+    assert not ended_on_rld and req.record.decode_server == "md"
+    assert req.tokens == [100 + i for i in range(TOTAL)]
+    assert req.longest_gap >= 8 * 0.06  # ten tokens behind main decode's first chunk
+    assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
