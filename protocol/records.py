@@ -85,7 +85,8 @@ class RequestRecord(TokenTimes):
     handoff_mode: str | None = None  # a protocol.names.HandoffMode
     handoff_batches: int = 0
     handoff_bytes: int = 0  # handoff frames on the wire (headers included)
-    handoff_s: float | None = None  # client-visible gap at the switch to main decode
+    handoff_s: float | None = None  # longest client-visible gap from the final handoff until
+    # the switch to main decode is complete (relay decode stopped, main decode caught up)
     handoff_sent: float | None = None  # wall time the final handoff frame left the router
     handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
     fallback: str | None = None  # why relay decode finished a request meant for MD

@@ -137,9 +137,9 @@ def up(
 @app.command()
 def down(name: str = typer.Option("default", help="Network name.")) -> None:
     """Stop the router and servers of a deployment and tear its network down."""
-    from topologies.network import Network
+    from topologies import registry
 
-    removed = Network.down_by_name(name)
+    removed = registry.down_by_name(name)
     console.print(f"stopped; removed {len(removed)} namespaces")
 
 

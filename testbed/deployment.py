@@ -14,7 +14,7 @@ Lifecycle::
             between ``up()`` returning and that ``try`` cannot leak a deployment.
 
 ``testbed up`` leaves a deployment serving after it exits; ``testbed down`` (or
-``Network.down_by_name``) ends it from the namespaces alone.
+``topologies.registry.down_by_name``) ends it from the namespaces alone.
 
 With a scenario ``inventory:`` the servers already run on other hosts: ``up()`` then
 runs the preflight instead of the network, attaches to the servers (healthy, caches

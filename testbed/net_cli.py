@@ -11,6 +11,7 @@ from rich.table import Table
 
 from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario, ScenarioError
+from topologies import registry
 from topologies.emulation import EmulationError
 from topologies.netns import NetworkError
 from topologies.network import Network
@@ -84,9 +85,9 @@ def net_down(
     all_: bool = typer.Option(False, "--all", help="Every testbed network on this host."),
 ) -> None:
     """Kill every process in the network's namespaces and delete them (works after a crash)."""
-    names = Network.names_up() if all_ else [name]
+    names = registry.names_up() if all_ else [name]
     for n in names:
-        removed = Network.down_by_name(n)
+        removed = registry.down_by_name(n)
         console.print(f"network {n!r}: removed {len(removed)} namespaces")
 
 
@@ -140,7 +141,7 @@ def net_unshape(
 @net_app.command("status")
 def net_status() -> None:
     """List the testbed networks that are up."""
-    names = Network.names_up()
+    names = registry.names_up()
     console.print("\n".join(names) if names else "no testbed network is up")
 
 
@@ -158,7 +159,7 @@ def net_check(
     sc = _load(scenario, overrides)
     net = Network(sc.network, name)
     try:
-        ours = name not in Network.names_up()
+        ours = name not in registry.names_up()
         net.up() if ours else net.attach()
         try:
             rows = check_network(net, seconds)

@@ -12,7 +12,7 @@ import pytest
 
 from testbed import model as model_mod
 from testbed.server import ServerSpec, SGLangServer
-from topologies.network import Network
+from topologies import registry
 from workloads.client import generate_payload
 
 
@@ -34,11 +34,11 @@ def no_network_left_behind(request):
     if os.geteuid() != 0 or not shutil.which("ip"):
         yield
         return
-    before = set(Network.names_up())
+    before = set(registry.names_up())
     yield
-    left = sorted(n for n in set(Network.names_up()) - before if _ours(n))
+    left = sorted(n for n in set(registry.names_up()) - before if _ours(n))
     for name in left:
-        Network.down_by_name(name)
+        registry.down_by_name(name)
     if left:
         pytest.fail(f"{request.module.__name__} left network(s) {left} up (now torn down)")
 
@@ -46,7 +46,7 @@ def no_network_left_behind(request):
 def _ours(name: str) -> bool:
     """Network ``name`` was brought up by this test run (this process or one it
     started), or by a process now dead; not by another run on the same host."""
-    pid = Network.owner(name)
+    pid = registry.owner(name)
     while pid and pid != os.getpid():
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()

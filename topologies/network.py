@@ -15,8 +15,8 @@ namespace, 10.77.1.254, a route to the other sites via gateway A), so it can rea
 servers and the router like any site-A host; its peer lives in site A's switch
 namespace and vanishes with it. ``down()`` kills every process in the namespaces
 (emulation daemons, servers) by PID, deletes them and the state file;
-``Network.down_by_name`` does the same after a ``kill -9`` of the harness, from the
-state file and the namespace prefix alone. ``down()`` removes only what this object
+``topologies.registry.down_by_name`` does the same after a ``kill -9`` of the harness,
+from the state file and the namespace prefix alone. ``down()`` removes only what this object
 began to build: a Network refused at ``up()`` (it, or another, was already up) leaves
 the running one alone, so a caller may call ``down()`` in a ``finally`` whatever
 ``up()`` did.
@@ -24,10 +24,8 @@ the running one alone, so a caller may call ``down()`` in a ``finally`` whatever
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -36,12 +34,12 @@ from pathlib import Path
 from topologies.emulation import get_backend
 from topologies.emulation.base import AppliedLink, LinkEnd, htb_commands
 from topologies.emulation.common import LOSS_TABLE, apply_loss
-from topologies.netns import PREFIX, NetworkError, list_namespaces, ns_name, pids_in, run
+from topologies.netns import PREFIX, NetworkError, list_namespaces, ns_name, run
 from topologies.process import HostProcess
+from topologies.registry import STATE_DIR, alive, down_by_name, names_up, state_path
 from topologies.site import SUBNET_BASE
 from topologies.spec import NetworkSpec
 
-STATE_DIR = Path(os.environ.get("PDD_STATE_DIR", "/run/pdd-testbed"))
 HARNESS_HOST = 254  # the harness's address in site A: 10.77.1.254
 CUT_TABLE = "pddtb_cut"
 RULE_CHECK_S = 5.0  # how often problems() re-reads the links' rules
@@ -95,9 +93,9 @@ class Network:
     def up(self) -> Network:
         if os.geteuid() != 0:
             raise NetworkError("network emulation needs root (namespaces, tc, nftables)")
-        if _state_path(self.name).exists() or list_namespaces(ns_name(self.name, "")):
+        if state_path(self.name).exists() or list_namespaces(ns_name(self.name, "")):
             raise NetworkError(f"network {self.name!r} is already up; run `testbed net down` first")
-        others = [n for n in Network.names_up() if n != self.name]
+        others = [n for n in names_up() if n != self.name]
         if others:
             # The harness's route into 10.77.0.0/16 exists once per host.
             raise NetworkError(
@@ -126,7 +124,7 @@ class Network:
 
     def attach(self) -> Network:
         """Use a network that an earlier command brought up (same spec required)."""
-        path = _state_path(self.name)
+        path = state_path(self.name)
         if not path.exists():
             raise NetworkError(f"network {self.name!r} is not up (testbed net up SCENARIO)")
         state = json.loads(path.read_text())
@@ -138,39 +136,8 @@ class Network:
 
     def down(self) -> None:
         if self.owned:
-            Network.down_by_name(self.name)
+            down_by_name(self.name)
             self.owned = False
-
-    @staticmethod
-    def down_by_name(name: str) -> list[str]:
-        """Tear down network ``name`` from its state file and namespace prefix; idempotent."""
-        state = _state_path(name)
-        namespaces = set(list_namespaces(ns_name(name, "")))
-        if state.exists():
-            with contextlib.suppress(ValueError, OSError):
-                namespaces |= set(json.loads(state.read_text()).get("namespaces", []))
-        _kill_processes_in(sorted(namespaces))
-        for ns in sorted(namespaces):
-            run(["ip", "netns", "del", ns], check=False)
-        # Normally gone with its peer's namespace; a crash between the two steps of
-        # creating it could leave it alone.
-        run(["ip", "link", "del", f"{PREFIX}{name}"[:15]], check=False)
-        state.unlink(missing_ok=True)
-        return sorted(namespaces)
-
-    @staticmethod
-    def owner(name: str) -> int | None:
-        """The PID of the process that brought network ``name`` up (None: no state)."""
-        try:
-            return json.loads(_state_path(name).read_text()).get("pid")
-        except (OSError, ValueError):
-            return None
-
-    @staticmethod
-    def names_up() -> list[str]:
-        from_state = {p.stem for p in STATE_DIR.glob("*.json")} if STATE_DIR.exists() else set()
-        from_ns = {ns[len(PREFIX) :].rsplit("-", 1)[0] for ns in list_namespaces()}
-        return sorted(from_state | from_ns)
 
     def __enter__(self) -> Network:
         return self.up()
@@ -187,7 +154,7 @@ class Network:
         dead = []
         for link in self.applied:
             for pid in link.daemon_pids:
-                if not _alive(pid):
+                if not alive(pid):
                     dead.append(f"link {link.name}: its {link.backend} daemon (pid {pid}) died")
         now = time.monotonic()
         if now - self._rules_checked >= RULE_CHECK_S:
@@ -281,9 +248,9 @@ class Network:
                 for h in self.hosts
             },
         }
-        tmp = _state_path(self.name).with_suffix(".tmp")
+        tmp = state_path(self.name).with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2))
-        tmp.replace(_state_path(self.name))
+        tmp.replace(state_path(self.name))
 
     def _build(self) -> None:
         topo = self.topo
@@ -384,34 +351,3 @@ def allow_congestion_control(cc: str) -> None:
         run(
             ["sysctl", "-qw", f"net.ipv4.tcp_allowed_congestion_control={' '.join([*allowed, cc])}"]
         )
-
-
-def _state_path(name: str) -> Path:
-    return STATE_DIR / f"{name}.json"
-
-
-def _kill_processes_in(namespaces: Sequence[str], grace: float = 5.0) -> None:
-    """SIGTERM every process in the namespaces (all started by the testbed), then SIGKILL."""
-    pids = {pid for ns in namespaces for pid in pids_in(ns)}
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while pids and time.monotonic() < deadline:
-        pids = {p for p in pids if _alive(p)}
-        time.sleep(0.05)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie child of ours still "exists"; reap it if it is ours.
-    with contextlib.suppress(ChildProcessError):
-        if os.waitpid(pid, os.WNOHANG)[0] == pid:
-            return False
-    return True

@@ -23,7 +23,7 @@ from topologies.emulation.common import LOSS_TABLE
 from topologies.emulation.userspace import QUEUE_NUM
 from topologies.link import LinkSpec
 from topologies.netns import NetworkError, run
-from topologies.network import STATE_DIR
+from topologies.registry import STATE_DIR
 
 
 def _state(dev: str, netns: str | None) -> Path:

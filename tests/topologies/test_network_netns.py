@@ -12,11 +12,13 @@ import time
 
 import pytest
 
+from topologies import registry
 from topologies.check import iperf, ping
 from topologies.emulation import EmulationError, get_backend
 from topologies.link import LinkSpec
 from topologies.netns import NetworkError, list_namespaces, run
-from topologies.network import STATE_DIR, Network
+from topologies.network import Network
+from topologies.registry import STATE_DIR
 from topologies.spec import NetworkSpec
 
 pytestmark = pytest.mark.netns
@@ -154,7 +156,7 @@ def test_down_after_kill_9_of_the_harness_leaves_nothing(tmp_path):
         os.kill(harness.pid, signal.SIGKILL)
         harness.wait()
     finally:
-        Network.down_by_name("crash")
+        registry.down_by_name("crash")
     assert not list_namespaces("pddtb-crash-")
     assert not (STATE_DIR / "crash.json").exists()
     assert "pddtb-crash" not in run(["ip", "-br", "link"]).stdout
