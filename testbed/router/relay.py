@@ -41,7 +41,7 @@ from testbed.router.config import PddConfig
 from testbed.router.handoff_channel import HandoffChannel, HandoffError
 from testbed.router.handoff_decision import Action, HandoffState, Knobs, decide, pinned_mode
 from testbed.router.policies import Loads, Route, max_new_tokens
-from testbed.router.switch import switch_streams
+from testbed.router.switch import greedy, switch_streams
 from testbed.router.transfers import TransferIndex
 from testbed.router.upstream import Upstream, UpstreamError, chunks, read_or_abort
 
@@ -394,11 +394,3 @@ class RelayedRequest:
             resp = md.result()
             return f"main decode answered {resp.status}: {(await resp.text())[:300]}"
         return f"{RLD_FIRST} (main decode did not hold the KV yet)"
-
-
-def greedy(body: dict) -> bool:
-    """Whether a request decodes greedily (so relay and main decode agree token for
-    token). SGLang's default temperature is 1."""
-    params = body.get("sampling_params") or {}
-    temperature = params.get("temperature", body.get("temperature", 1.0))
-    return temperature == 0 or params.get("top_k") == 1

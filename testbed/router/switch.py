@@ -112,6 +112,14 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                 task.cancel()
 
 
+def greedy(body: dict) -> bool:
+    """Whether a request decodes greedily (so relay and main decode agree token for
+    token). SGLang's default temperature is 1."""
+    params = body.get("sampling_params") or {}
+    temperature = params.get("temperature", body.get("temperature", 1.0))
+    return temperature == 0 or params.get("top_k") == 1
+
+
 class _Pace:
     """Main decode's pace after the handoff, from the counts its chunks carry."""
 
