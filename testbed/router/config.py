@@ -71,6 +71,20 @@ class PddConfig(BaseModel):
     catch_up_batch: int = Field(
         64, ge=1, description="Most tokens in one catch-up batch (one extend forward on MD)."
     )
+    switch_pace: float = Field(
+        1.25,
+        ge=1,
+        allow_inf_nan=False,
+        description="While main decode takes over, the client's tokens are spaced at most "
+        "this many of the request's inter-token intervals (the stream slows, never stops).",
+    )
+    switch_tokens: int = Field(
+        16,
+        ge=1,
+        description="Before main decode has caught up with the client, relay decode stops only "
+        "once main decode has decoded this many tokens after the handoff and, at the pace "
+        "they measured, reaches the client before the queued tokens run out.",
+    )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."
     )

@@ -5,71 +5,84 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 
 from testbed.router.upstream import UpstreamError
 
 
 async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     """After the final handoff, without a gap: relay decode keeps streaming while
-    main decode takes over. Both streams carry the same tokens (greedy decoding only);
-    each token goes to the client from whichever stream has it first. Once main decode
-    has every token the client has, relay decode's request is aborted (``close_rld``)
-    and main decode's stream goes on alone; a main decode that never catches up leaves
-    relay decode streaming to the end. If main decode fails meanwhile, relay decode
-    finishes the request (``fallback``); if relay decode's stream dies, main decode
-    does. Returns True if the client's stream ended here without main decode; main
-    decode's side is then released here or, while it still decodes the request (its
-    cache should hold the exchange), by a drain in the background.
+    main decode takes over, and both streams (the same tokens: greedy decoding
+    only) feed one queue the client is served from. Until main decode has caught up
+    with the client, tokens leave the queue at most one per ``switch_pace`` x the
+    request's inter-token interval, so the client's stream slows a little instead of
+    stopping for the takeover. Relay decode's request is aborted (``close_rld``) once
+    main decode has every token the client has, or once main decode has decoded
+    ``switch_tokens`` and, at its own measured pace, would reach what the router holds
+    before the client has been served what is queued (the client then never waits for
+    it); the tokens still queued go at that pace until main decode has them too. A
+    main decode slower than relay decode never catches up: relay decode then streams
+    the request to its end. If main decode fails meanwhile, relay decode finishes the
+    request (``fallback``). Returns True if the client's stream ended here without
+    main decode; main decode's side is then released here or, while it still decodes
+    the request (its cache should hold the exchange), by a drain in the background.
 
     ``handoff_s`` is the longest gap the client saw from the final handoff until the
     switch is complete (relay decode stopped and main decode caught up with the
-    client), any wait for main decode included."""
+    client), waits for a main decode still behind included."""
+    queue: deque = deque()  # chunks not yet sent, in token order
+    have = len(req.tokens)  # tokens the router holds (sent or queued)
+    pace = req.p.pdd.switch_pace * _itl(req.record.token_times)
+    md_pace = _Pace()  # main decode's tokens per second since its first chunk
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
     last_sent, md_count = req.record.token_times[-1], 0
     rld_open, md_open, md_failed, finished = True, True, False, False
-    switching = True
-
-    async def send(chunk) -> bool:
-        """Give the client the tokens of ``chunk`` it lacks; whether it ended the request."""
-        nonlocal last_sent, switching
-        new = chunk.new_ids(len(req.tokens))
-        ends = chunk.finished or chunk.done
-        if not new and not ends:
-            return False
-        req.tokens += new
-        if switching:  # the client-visible gap while switching
-            gap = time.time() - last_sent
-            req.record.handoff_s = max(req.record.handoff_s or 0.0, gap)
-        await req.out.emit(chunk, len(new))
-        last_sent = time.time()
-        switching = rld_open or md_failed or md_count < len(req.tokens)
-        return ends
-
+    rld_finished, switching = False, True
     try:
         while not finished:
-            if rld_open and not md_failed and md_count >= len(req.tokens):  # caught up
+            caught_up = not md_failed and md_count >= len(req.tokens)
+            in_time = (
+                not md_failed
+                and md_pace.tokens >= req.p.pdd.switch_tokens
+                and md_pace.seconds_for(have - md_count) <= (have - len(req.tokens) + 1) * pace
+            )
+            if (caught_up or in_time) and rld_open:  # relay decode stops
                 from_rld.cancel()
                 close_rld()
                 rld_open = False
                 req.record.decode_server = req.route.main_decode.name
+            # main decode still behind what the client will get (unless relay decode
+            # already has the whole request)
+            slow = not md_failed and not rld_finished and md_count < have
+            if queue and (not slow or time.time() - last_sent >= pace):
+                chunk = queue.popleft()
+                new = chunk.new_ids(len(req.tokens))
+                req.tokens += new
+                if switching:  # the client-visible gap while switching
+                    gap = time.time() - last_sent
+                    req.record.handoff_s = max(req.record.handoff_s or 0.0, gap)
+                await req.out.emit(chunk, len(new))
+                last_sent, finished = time.time(), chunk.finished or chunk.done
+                switching = rld_open or md_failed or md_count < len(req.tokens)
+                continue
             waits = {t for t, open_ in ((from_rld, rld_open), (from_md, md_open)) if open_}
             if not waits:
                 break
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            timeout = max(0.0, last_sent + pace - time.time()) if queue else None
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if rld_open and from_rld.done():
                 chunk = from_rld.result()
                 if chunk is None or chunk.error:  # relay decode is gone: main decode alone
                     rld_open = False
                     req.record.decode_server = req.route.main_decode.name
                 else:
-                    req.record.eager_tokens = max(
-                        req.record.eager_tokens, int(chunk.meta.get("completion_tokens", 0))
-                    )
-                    finished = await send(chunk)
-                    rld_open = not (chunk.finished or chunk.done)
+                    have = _queue(queue, chunk, have)
+                    req.record.eager_tokens = have
+                    rld_finished = chunk.finished or chunk.done
+                    rld_open = not rld_finished
                     from_rld = asyncio.ensure_future(anext(rld_stream, None))
-            if md_open and from_md.done() and not finished:
+            if md_open and from_md.done():
                 chunk = from_md.result()
                 if chunk is None or chunk.error:
                     what = chunk.error if chunk is not None else "stream ended"
@@ -77,8 +90,10 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                     md_open, md_failed = False, True
                     continue
                 req.check_echo(chunk)
-                md_count = max(md_count, int(chunk.meta.get("completion_tokens", 0)))
-                finished = await send(chunk)
+                count = int(chunk.meta.get("completion_tokens", 0))
+                md_pace.add(count)
+                md_count = max(md_count, count)
+                have = _queue(queue, chunk, have)
                 md_open = not (chunk.finished or chunk.done)
                 if md_open:
                     from_md = asyncio.ensure_future(anext(md_stream, None))
@@ -103,3 +118,43 @@ def greedy(body: dict) -> bool:
     params = body.get("sampling_params") or {}
     temperature = params.get("temperature", body.get("temperature", 1.0))
     return temperature == 0 or params.get("top_k") == 1
+
+
+class _Pace:
+    """Main decode's pace after the handoff, from the counts its chunks carry."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None  # (count, time) of its first chunk
+        self.last: tuple[int, float] | None = None
+
+    def add(self, count: int) -> None:
+        now = time.monotonic()
+        self.first = self.first or (count, now)
+        self.last = (count, now)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens decoded since its first chunk."""
+        return self.last[0] - self.first[0] if self.first else 0
+
+    def seconds_for(self, tokens: int) -> float:
+        """How long it takes to decode ``tokens`` more at its pace so far."""
+        if tokens <= 0:
+            return 0.0
+        if not self.tokens:
+            return float("inf")
+        return tokens * (self.last[1] - self.first[1]) / self.tokens
+
+
+def _itl(token_times: list[float]) -> float:
+    """The request's recent inter-token interval (median of its last gaps; 0 if none)."""
+    gaps = sorted(b - a for a, b in zip(token_times[-9:], token_times[-8:], strict=False))
+    return gaps[len(gaps) // 2] if gaps else 0.0
+
+
+def _queue(queue: deque, chunk, have: int) -> int:
+    """Queue a chunk if it carries tokens the router does not hold yet (or the end)."""
+    count = int(chunk.meta.get("completion_tokens", 0))
+    if count > have or chunk.finished or chunk.done:
+        queue.append(chunk)
+    return max(have, count)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from protocol.stream import Chunk
+from testbed.router.config import PddConfig
 from testbed.router.switch import switch_streams
 
 TOTAL = 40  # output tokens of the request
@@ -44,9 +45,10 @@ class Request:
     def __init__(self, itl_s: float) -> None:
         now = time.time()
         self.tokens = [100 + i for i in range(EAGER)]
-        times = [now - (EAGER - 1 - i) * itl_s for i in range(EAGER)]  # the last one now
+        times = [now - (EAGER - i) * itl_s for i in range(EAGER)]
         self.record = SimpleNamespace(token_times=times, handoff_s=None, eager_tokens=EAGER)
         self.record.decode_server, self.record.fallback = "rld", None
+        self.p = SimpleNamespace(pdd=PddConfig(switch_pace=1.25, switch_tokens=4))
         self.route = SimpleNamespace(main_decode=SimpleNamespace(name="md"))
         self.sent: list[float] = list(times)  # when the client got each token
         self.rld_closed = False
@@ -82,17 +84,17 @@ def test_a_faster_main_decode_takes_over_once_it_caught_up_with_the_client():
     assert not ended_on_rld and req.rld_closed and req.record.decode_server == "md"
     assert req.tokens == [100 + i for i in range(TOTAL)]
     assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
-    assert req.longest_gap < 2 * 0.06  # never slower than relay decode
+    assert req.longest_gap < 3 * 0.06  # the stream slowed at most, never stopped
 
 
 def test_a_main_decode_slower_than_relay_decode_never_makes_the_client_wait():
-    """It would never catch up: relay decode streams the request to its end (it used
-    to be cut after 16 tokens of main decode, and the client then waited for it)."""
+    """It would never catch up: relay decode streams the request to its end (it was
+    cut after switch_tokens, and the client then waited for main decode)."""
     req = Request(itl_s=0.05)
     ended_on_rld = run(req, stream(EAGER + 1, 0.05), stream(EAGER - 6, 0.12))
     assert ended_on_rld and not req.rld_closed
     assert req.tokens == [100 + i for i in range(TOTAL)]
-    assert req.longest_gap < 2 * 0.05
+    assert req.longest_gap < 3 * 0.05
 
 
 def test_waiting_for_a_main_decode_still_behind_counts_as_the_handoff_gap():
