@@ -78,6 +78,13 @@ class PddConfig(BaseModel):
         description="While main decode takes over, the client's tokens are spaced at most "
         "this many of the request's inter-token intervals (the stream slows, never stops).",
     )
+    switch_tokens: int = Field(
+        16,
+        ge=1,
+        description="Before main decode has caught up with the client, relay decode stops only "
+        "once main decode has decoded this many tokens after the handoff and, at the pace "
+        "they measured, reaches the client before the queued tokens run out.",
+    )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."
     )

@@ -16,16 +16,16 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     only) feed one queue the client is served from. Until main decode has caught up
     with the client, tokens leave the queue at most one per ``switch_pace`` x the
     request's inter-token interval, so the client's stream slows a little instead of
-    stopping for the takeover, and a main decode as fast as relay decode catches up
-    with it. Relay decode's request is aborted (``close_rld``) once main decode has
-    every token the client has, never before: the tokens still queued go at that pace
-    until main decode has them too, so the client never waits for main decode. A main
-    decode slower than the paced client never catches up: relay decode then streams the
-    request to its end. If main decode fails meanwhile, relay decode finishes the
-    request (``fallback``); if relay decode's stream dies, main decode does. Returns
-    True if the client's stream ended here without main decode; main decode's side is
-    then released here or, while it still decodes the request (its cache should hold
-    the exchange), by a drain in the background.
+    stopping for the takeover. Relay decode's request is aborted (``close_rld``) once
+    main decode has every token the client has, or once main decode has decoded
+    ``switch_tokens`` and, at its own measured pace, would reach what the router holds
+    before the client has been served what is queued (the client then never waits for
+    it); the tokens still queued go at that pace until main decode has them too. A
+    main decode slower than relay decode never catches up: relay decode then streams
+    the request to its end. If main decode fails meanwhile, relay decode finishes the
+    request (``fallback``). Returns True if the client's stream ended here without
+    main decode; main decode's side is then released here or, while it still decodes
+    the request (its cache should hold the exchange), by a drain in the background.
 
     ``handoff_s`` is the longest gap the client saw from the final handoff until the
     switch is complete (relay decode stopped and main decode caught up with the
@@ -33,6 +33,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     queue: deque = deque()  # chunks not yet sent, in token order
     have = len(req.tokens)  # tokens the router holds (sent or queued)
     pace = req.p.pdd.switch_pace * _itl(req.record.token_times)
+    md_pace = _Pace()  # main decode's tokens per second since its first chunk
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
     last_sent, md_count = req.record.token_times[-1], 0
@@ -41,7 +42,12 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     try:
         while not finished:
             caught_up = not md_failed and md_count >= len(req.tokens)
-            if caught_up and rld_open:  # relay decode stops
+            in_time = (
+                not md_failed
+                and md_pace.tokens >= req.p.pdd.switch_tokens
+                and md_pace.seconds_for(have - md_count) <= (have - len(req.tokens) + 1) * pace
+            )
+            if (caught_up or in_time) and rld_open:  # relay decode stops
                 from_rld.cancel()
                 close_rld()
                 rld_open = False
@@ -85,6 +91,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                     continue
                 req.check_echo(chunk)
                 count = int(chunk.meta.get("completion_tokens", 0))
+                md_pace.add(count)
                 md_count = max(md_count, count)
                 have = _queue(queue, chunk, have)
                 md_open = not (chunk.finished or chunk.done)
@@ -111,6 +118,32 @@ def greedy(body: dict) -> bool:
     params = body.get("sampling_params") or {}
     temperature = params.get("temperature", body.get("temperature", 1.0))
     return temperature == 0 or params.get("top_k") == 1
+
+
+class _Pace:
+    """Main decode's pace after the handoff, from the counts its chunks carry."""
+
+    def __init__(self) -> None:
+        self.first: tuple[int, float] | None = None  # (count, time) of its first chunk
+        self.last: tuple[int, float] | None = None
+
+    def add(self, count: int) -> None:
+        now = time.monotonic()
+        self.first = self.first or (count, now)
+        self.last = (count, now)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens decoded since its first chunk."""
+        return self.last[0] - self.first[0] if self.first else 0
+
+    def seconds_for(self, tokens: int) -> float:
+        """How long it takes to decode ``tokens`` more at its pace so far."""
+        if tokens <= 0:
+            return 0.0
+        if not self.tokens:
+            return float("inf")
+        return tokens * (self.last[1] - self.first[1]) / self.tokens
 
 
 def _itl(token_times: list[float]) -> float:

@@ -48,7 +48,7 @@ class Request:
         times = [now - (EAGER - i) * itl_s for i in range(EAGER)]
         self.record = SimpleNamespace(token_times=times, handoff_s=None, eager_tokens=EAGER)
         self.record.decode_server, self.record.fallback = "rld", None
-        self.p = SimpleNamespace(pdd=PddConfig(switch_pace=1.25))
+        self.p = SimpleNamespace(pdd=PddConfig(switch_pace=1.25, switch_tokens=4))
         self.route = SimpleNamespace(main_decode=SimpleNamespace(name="md"))
         self.sent: list[float] = list(times)  # when the client got each token
         self.rld_closed = False
@@ -88,9 +88,8 @@ def test_a_faster_main_decode_takes_over_once_it_caught_up_with_the_client():
 
 
 def test_a_main_decode_slower_than_relay_decode_never_makes_the_client_wait():
-    """It would never catch up with the paced client: relay decode streams the
-    request to its end (it used to be cut after 16 tokens of main decode's, and the
-    client then waited for main decode)."""
+    """It would never catch up: relay decode streams the request to its end (it was
+    cut after switch_tokens, and the client then waited for main decode)."""
     req = Request(itl_s=0.05)
     ended_on_rld = run(req, stream(EAGER + 1, 0.05), stream(EAGER - 6, 0.12))
     assert ended_on_rld and not req.rld_closed
