@@ -270,15 +270,21 @@ def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(i
     assert len(line.pool) == (0 if in_flight / rate <= 2.0 else 1)  # promised, not pooled
 
 
-def test_the_line_mirrors_decode_taking_its_warmest_connection():
-    """Decode reuses the idle connection with the largest reported window, whichever
-    came back last; the mirror gives the next transfer that window, then the next."""
+def two_routed() -> tuple[WanLine, Clock]:
+    """A 10 MB/s line with a 1 s round trip; two 1 MB transfers routed 5 s ago."""
     clock = Clock()
-    rate, rtt = 10 * MB, 1.0
-    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.5, clock=clock)
     line.start(room=1, nbytes=MB)
     line.start(room=2, nbytes=MB)
     clock.now += 5.0
+    return line, clock
+
+
+def test_the_line_mirrors_decode_taking_its_warmest_connection():
+    """Decode reuses the idle connection with the largest reported window, whichever
+    came back last; the mirror gives the next transfer that window, then the next."""
+    line, clock = two_routed()
+    rate, rtt = line.rate, line.rtt
     line.settle(1, settled(1, MB, 1.0, end=clock.now, cwnd_end_bytes=900_000))
     line.settle(2, settled(2, MB, 1.0, end=clock.now, cwnd_end_bytes=100_000))  # last back
     for n, window in enumerate((900_000, 100_000)):  # each shares with those before it
@@ -293,12 +299,8 @@ def test_the_senders_log_gives_the_window_the_connection_really_kept(sender_firs
     missing from it; the sender's log line, written once the receiver acknowledged, has
     the window the connection really keeps (decode has it from the Window frame and
     ranks its pool by it), whichever of the two log lines the router reads first."""
-    clock = Clock()
-    rate, rtt = 10 * MB, 1.0
-    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
-    line.start(room=1, nbytes=MB)
-    line.start(room=2, nbytes=MB)
-    clock.now += 5.0
+    line, clock = two_routed()
+    rate, rtt = line.rate, line.rtt
     shrunk = dict(cwnd_end_bytes=400_000, ssthresh_end_bytes=400_000)
     if sender_first:
         line.sender_end(1, settled(1, MB, 1.0, **shrunk))
