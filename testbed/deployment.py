@@ -8,10 +8,8 @@ Lifecycle::
             parallel, on its role's CPUs) and healthy → router started on the router
             host and healthy → manifest written.  Any failure tears everything down.
       down(): router and servers stopped (SIGTERM, then SIGKILL), network torn down,
-            the CPU mask of the calling thread restored.  Safe at any point: before
-            ``up()``, after a failed one, twice.  Callers construct first and call
-            ``up()`` inside the ``try`` whose ``finally`` calls ``down()``, so a signal
-            between ``up()`` returning and that ``try`` cannot leak a deployment.
+            the CPU mask restored. Safe before ``up()``, after a failed one, twice:
+            callers call ``up()`` inside the ``try`` whose ``finally`` calls it.
 
 ``testbed up`` leaves a deployment serving after it exits; ``testbed down`` (or
 ``topologies.registry.down_by_name``) ends it from the namespaces alone.

@@ -116,6 +116,11 @@ class Window:
     cwnd: float = INITIAL_WINDOW
     ssthresh: float = float("inf")  # none yet: still in slow start
 
+    @classmethod
+    def reported(cls, cwnd_bytes: int, ssthresh_bytes: int) -> Window:
+        """From a sender's TCP state as records carry it (a threshold of 0: none)."""
+        return cls(float(cwnd_bytes), float(ssthresh_bytes or "inf"))
+
     def extra_s(self, nbytes: float, rate: float, rtt: float) -> float:
         return slow_start_s(nbytes, rate, rtt, self.cwnd, self.ssthresh)
 
@@ -252,12 +257,10 @@ class WanLine:
         ]
         best_idle = max(self.pool, key=lambda c: (c.window.cwnd, c.since), default=None)
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
-        if best_freed is not None and (
-            best_idle is None
-            or self._grown(best_freed.window, best_freed.bytes).cwnd > best_idle.window.cwnd
-        ):
+        grown = best_freed and self._grown(best_freed.window, best_freed.bytes)
+        if grown and (best_idle is None or grown.cwnd > best_idle.window.cwnd):
             best_freed.promised |= take
-            return self._grown(best_freed.window, best_freed.bytes)
+            return grown
         if best_idle is None:
             return Window()
         if take:
@@ -303,8 +306,7 @@ class WanLine:
         self.leads.append(max(0.0, record.start - item.started))
         # The sender's window as it ended (the Done frame), else the model's guess.
         if record.cwnd_end_bytes:
-            ssthresh = record.ssthresh_end_bytes or float("inf")
-            window = Window(float(record.cwnd_end_bytes), float(ssthresh))
+            window = Window.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
         else:
             window = self._grown(item.window, record.wire_bytes)
         if not item.promised:  # else the transfer promised it has it
@@ -319,8 +321,7 @@ class WanLine:
             x = record.wire_bytes
             start = item.window  # the sender's measured window where it said
             if record.cwnd_bytes:
-                ssthresh = record.ssthresh_bytes or float("inf")
-                start = Window(float(record.cwnd_bytes), float(ssthresh))
+                start = Window.reported(record.cwnd_bytes, record.ssthresh_bytes)
             explained = start.extra_s(x, self.rate, self.rtt) + self.loss_s(x)
             self.achieved.add(x, record.seconds - explained)
 
@@ -329,8 +330,7 @@ class WanLine:
         the receiver's Ack came back (decode has it too, from the Window frame)."""
         if not record.ok or not record.cwnd_end_bytes:
             return
-        ssthresh = record.ssthresh_end_bytes or float("inf")
-        window = Window(float(record.cwnd_end_bytes), float(ssthresh))
+        window = Window.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
         for idle in self.pool:
             if idle.room == room:
                 idle.window = window
