@@ -85,6 +85,14 @@ class PddConfig(BaseModel):
         "once main decode has decoded this many tokens after the handoff and, at the pace "
         "they measured, reaches the client before the queued tokens run out.",
     )
+    switch_limit_tokens: int = Field(
+        48,
+        ge=1,
+        description="Relay decode stops at the latest once main decode has decoded this many "
+        "tokens after the handoff, in time or not (relay decode is a stage: it frees its "
+        "slot); the client's wait for a slower main decode is then spread over the queued "
+        "tokens.",
+    )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."
     )

@@ -14,25 +14,29 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     """After the final handoff, without a gap: relay decode keeps streaming while
     main decode takes over, and both streams (the same tokens: greedy decoding
     only) feed one queue the client is served from. Until main decode has caught up
-    with the client, tokens leave the queue at most one per ``switch_pace`` x the
-    request's inter-token interval, so the client's stream slows a little instead of
-    stopping for the takeover. Relay decode's request is aborted (``close_rld``) once
-    main decode has every token the client has, or once main decode has decoded
-    ``switch_tokens`` and, at its own measured pace, would reach what the router holds
-    before the client has been served what is queued (the client then never waits for
-    it); the tokens still queued go at that pace until main decode has them too. A
-    main decode slower than relay decode never catches up: relay decode then streams
-    the request to its end. If main decode fails meanwhile, relay decode finishes the
-    request (``fallback``). Returns True if the client's stream ended here without
-    main decode; main decode's side is then released here or, while it still decodes
-    the request (its cache should hold the exchange), by a drain in the background.
+    with the client, tokens leave the queue at most one per ``switch_pace`` x an
+    inter-token interval (relay decode's until main decode has decoded
+    ``switch_tokens``, then main decode's own), so the client's stream slows a little
+    instead of stopping for the takeover.
+
+    Relay decode's request is aborted (``close_rld``) once main decode has every
+    token the client has; before that, once main decode at its measured pace would
+    reach what the router holds before the client has been served what is queued;
+    and at the latest once main decode has decoded ``switch_limit_tokens`` (relay
+    decode is a stage and must free its slot). The tokens still queued after the stop
+    are spaced so that they last until main decode reaches them: the client's wait
+    for a slower main decode is spread over them, not one stall. If main decode fails
+    meanwhile, relay decode finishes the request (``fallback``). Returns True if the
+    client's stream ended here without main decode; main decode's side is then
+    released here or, while it still decodes the request (its cache should hold the
+    exchange), by a drain in the background.
 
     ``handoff_s`` is the longest gap the client saw from the final handoff until the
     switch is complete (relay decode stopped and main decode caught up with the
     client), waits for a main decode still behind included."""
     queue: deque = deque()  # chunks not yet sent, in token order
     have = len(req.tokens)  # tokens the router holds (sent or queued)
-    pace = req.p.pdd.switch_pace * _itl(req.record.token_times)
+    itl = _itl(req.record.token_times)  # the request's own, on relay decode
     md_pace = _Pace()  # main decode's tokens per second since its first chunk
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
@@ -41,13 +45,18 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     rld_finished, switching = False, True
     try:
         while not finished:
+            # spaced by main decode's interval once measured: the rhythm the client keeps
+            # after the switch (a faster main decode then catches up with relay decode's)
+            known = md_pace.tokens >= req.p.pdd.switch_tokens
+            pace = req.p.pdd.switch_pace * (md_pace.seconds_for(1) if known else itl)
             caught_up = not md_failed and md_count >= len(req.tokens)
             in_time = (
                 not md_failed
-                and md_pace.tokens >= req.p.pdd.switch_tokens
+                and known
                 and md_pace.seconds_for(have - md_count) <= (have - len(req.tokens) + 1) * pace
             )
-            if (caught_up or in_time) and rld_open:  # relay decode stops
+            limit = not md_failed and md_pace.tokens >= req.p.pdd.switch_limit_tokens
+            if (caught_up or in_time or limit) and rld_open:  # relay decode stops
                 from_rld.cancel()
                 close_rld()
                 rld_open = False
@@ -55,7 +64,11 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # main decode still behind what the client will get (unless relay decode
             # already has the whole request)
             slow = not md_failed and not rld_finished and md_count < have
-            if queue and (not slow or time.time() - last_sent >= pace):
+            interval = pace
+            if slow and not rld_open:  # what is queued must last until main decode has it
+                share = md_pace.seconds_for(have - md_count) / len(queue) if queue else 0.0
+                interval = max(pace, share) if share != float("inf") else pace
+            if queue and (not slow or time.time() - last_sent >= interval):
                 chunk = queue.popleft()
                 new = chunk.new_ids(len(req.tokens))
                 req.tokens += new
@@ -69,7 +82,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             waits = {t for t, open_ in ((from_rld, rld_open), (from_md, md_open)) if open_}
             if not waits:
                 break
-            timeout = max(0.0, last_sent + pace - time.time()) if queue else None
+            timeout = max(0.0, last_sent + interval - time.time()) if queue else None
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if rld_open and from_rld.done():
                 chunk = from_rld.result()
