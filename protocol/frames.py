@@ -26,7 +26,8 @@ from typing import NamedTuple
 from protocol.env import Env
 
 MAGIC = b"PDKV"
-VERSION = 2  # 2: Done carries the sender's threshold at its first chunk; the Window frame
+VERSION = 3  # 2: Done carries the sender's threshold at its first chunk; the Window frame
+# 3: the Waiting frame
 HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, flags, room, body length
 MAX_BODY = 1 << 30  # no frame is larger, whatever its type
 TAGGED = 1  # flags: an authentication tag follows the body
@@ -47,6 +48,7 @@ class MsgType(enum.IntEnum):
     EXTENDED = 10  # MD → router: one extend forward over them is done
     RELEASE = 11  # router → MD: relay decode finished the request; drop it
     WINDOW = 12  # prefill → decode, after the Ack: the connection's congestion state
+    WAITING = 13  # prefill → decode, between chunks: still computing (not a stalled wire)
 
 
 SMALL = 4 << 10
@@ -65,6 +67,7 @@ BODY_LIMITS: dict[MsgType, int] = {
     MsgType.EXTENDED: SMALL,
     MsgType.RELEASE: 64 << 10,
     MsgType.WINDOW: SMALL,
+    MsgType.WAITING: SMALL,
 }
 
 

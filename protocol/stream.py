@@ -64,7 +64,15 @@ class Chunk:
 
     @property
     def error(self) -> str | None:
-        if not self.data or "error" not in self.data:
+        """Why the server ended the request: an error event, or a finish of type abort
+        (SGLang streams an aborted request, e.g. a failed KV transfer, as an ordinary
+        last chunk: never a complete answer)."""
+        if not self.data:
+            return None
+        reason = self.meta.get("finish_reason")
+        if isinstance(reason, dict) and reason.get("type") == "abort":
+            return f"aborted by the server: {reason.get('message') or 'no reason given'}"[:500]
+        if "error" not in self.data:
             return None
         error = self.data["error"]
         if isinstance(error, dict) and "message" in error:

@@ -10,6 +10,8 @@ transfer at a time:
                                               sender.poll: Bootstrapping → WaitingForInput
                                               send(pages) … (as chunks become ready)
     write pages   ◀────────── KvChunk* ────── (checksummed, only pages decode lacks)
+    (idle clock)  ◀────────── Waiting* ────── while prefill computes the next chunk:
+                                              decode's idle timeout is for the wire
     write aux     ◀────────── Aux ─────────── last chunk: first token, metadata
     verify counts ◀────────── Done ─────────
                   ────────── Ack ─────────▶  sender.poll: Success

@@ -111,10 +111,7 @@ class _Leg:
         try:
             while self.state == "pending":
                 asked = time.monotonic()
-                try:
-                    pages, last, aux = self.queue.get(timeout=mgr.timeouts.first_data)
-                except queue.Empty:
-                    raise TimeoutError("no KV chunk came from the scheduler") from None
+                pages, last, aux = self._next_chunk(conn, asked)
                 if record.first_byte is not None:  # the wire idled for prefill
                     record.sender_wait_s += time.monotonic() - asked
                 keep = pages[max(0, self.skip - offered) :]
@@ -167,6 +164,22 @@ class _Leg:
             if isinstance(exc, TimeoutError):
                 reason = f"transfer to {self.incoming.peer} stalled: {reason}"
             self.fail(reason)
+
+    def _next_chunk(self, conn, asked: float):
+        """Prefill's next chunk of pages. While prefill computes it, a Waiting frame
+        every third of the idle timeout tells decode the transfer is alive: its idle
+        timeout is for a stalled wire (a cut WAN), and a long prompt's next chunk on a
+        busy prefill can take longer than that."""
+        mgr, room = self.sender.kv_mgr, self.sender.room
+        while True:
+            try:
+                return self.queue.get(timeout=max(0.05, mgr.timeouts.idle / 3))
+            except queue.Empty:
+                if time.monotonic() - asked > mgr.timeouts.first_data:
+                    raise TimeoutError("no KV chunk came from the scheduler") from None
+                if self.state != "pending":
+                    raise TimeoutError("the transfer ended while prefill computed") from None
+                self.record.wire_bytes += send_frame(conn, MsgType.WAITING, room)
 
     def _send_pages(self, conn, pages: np.ndarray, first: int) -> int:
         pool = self.sender.kv_mgr.pool

@@ -136,11 +136,11 @@ class _StandInManager:
     """Stands in for TcpKVManager's prefill side (no SGLang, no listener): a pool, the
     parked decode requests by room, and the transfer log."""
 
-    def __init__(self, pool, bootstrap_s: float = 30.0) -> None:
+    def __init__(self, pool, bootstrap_s: float = 30.0, idle_s: float = 5.0) -> None:
         from engine_patches.kv_transfer.manager import Timeouts
 
         self.pool, self.page_size, self.aux = pool, 1, None
-        self.timeouts = Timeouts(bootstrap=bootstrap_s, idle=5.0, first_data=5.0)
+        self.timeouts = Timeouts(bootstrap=bootstrap_s, idle=idle_s, first_data=5.0)
         self.parked: dict[int, list] = {}
         self.logged: list = []
         self.log = type("Log", (), {"write": lambda _, record: self.logged.append(record)})()
@@ -283,6 +283,54 @@ def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time
     record = TransferRecord(room, "decode", "p", start=0.0, first_byte=10.0, end=10.5)
     record.sender_wait_s = done[0].sender_wait_s
     assert record.seconds == pytest.approx(0.5 - done[0].sender_wait_s)
+    decode_end.close()
+
+
+def test_a_prefill_slower_than_the_idle_timeout_between_chunks_is_not_a_stall():
+    """A long prompt's next chunk on a busy prefill can take longer than decode's idle
+    timeout (a test_pdd AIPerf run: 8 s between two chunks against 5 s): the sender
+    says it is waiting, so decode's reader, timing out after ``idle`` without a frame as
+    the receiver does, never gives up on a transfer that is alive."""
+    import threading
+    import time
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    idle = 0.2
+    src = [torch.zeros(16, 4) for _ in range(2)]
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
+    mgr = _StandInManager(pool, idle_s=idle)
+    room = new_room()
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
+    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(3)
+    kinds: list[MsgType] = []
+
+    def decode() -> None:
+        decode_end.settimeout(idle)  # a stall: no frame this long
+        while True:
+            kind, _, _ = recv_frame(decode_end)
+            kinds.append(kind)
+            if kind == MsgType.DONE:
+                send_frame(decode_end, MsgType.ACK, room)
+                return
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    sender.send(np.array([0]))
+    time.sleep(5 * idle)  # prefill computing the rest
+    sender.send(np.array([1, 2]), state_indices=[])
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    reader.join(5)
+    assert kinds[-1] == MsgType.DONE  # the reader never timed out
+    assert kinds.count(MsgType.WAITING) >= 5  # about one a third of the idle timeout
     decode_end.close()
 
 

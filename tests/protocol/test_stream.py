@@ -38,6 +38,17 @@ def test_done_line_errors_and_non_data_lines():
     assert out.feed(bad) == 0 and out.error == "main decode died"
 
 
+def test_an_aborted_request_is_an_error_not_a_finished_answer():
+    """SGLang streams a request it aborted (a KV transfer that stalled) as an ordinary
+    last chunk with a finish reason of type abort, and no tokens."""
+    why = {"type": "abort", "message": "KV transfer stalled", "status_code": 500}
+    chunk = Chunk.parse(native([], 0, why))
+    assert chunk.finished and "KV transfer stalled" in chunk.error
+    out = OutputStream()
+    assert out.feed(chunk) == 0 and "KV transfer stalled" in out.error
+    assert Chunk.parse(native([7], 1, {"type": "length"})).error is None
+
+
 def test_openai_chunks_count_tokens_and_read_usage():
     out = OutputStream(native=False)
     for piece in ("He", "llo", ""):
