@@ -110,14 +110,14 @@ def slow_start_s(
 
 
 @dataclass(frozen=True)
-class Window:
+class Congestion:
     """A connection's congestion state, as its sender last reported it (or guessed)."""
 
     cwnd: float = INITIAL_WINDOW
     ssthresh: float = float("inf")  # none yet: still in slow start
 
     @classmethod
-    def reported(cls, cwnd_bytes: int, ssthresh_bytes: int) -> Window:
+    def reported(cls, cwnd_bytes: int, ssthresh_bytes: int) -> Congestion:
         """From a sender's TCP state as records carry it (a threshold of 0: none)."""
         return cls(float(cwnd_bytes), float(ssthresh_bytes or "inf"))
 
@@ -138,7 +138,7 @@ class _Idle:
     """A pooled connection, as the model sees it."""
 
     room: int  # the transfer that returned it
-    window: Window  # its congestion state: the Done frame's, then the sender's log's
+    window: Congestion  # its congestion state: the Done frame's, then the sender's log's
     since: float
 
 
@@ -147,7 +147,7 @@ class _Outstanding:
     bytes: int
     left: float  # not yet drained (the fluid model's view)
     started: float
-    window: Window  # its connection's when it started
+    window: Congestion  # its connection's when it started
     promised: bool = False  # its connection goes next to a transfer routed after it
 
 
@@ -188,7 +188,7 @@ class WanLine:
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[_Idle] = []  # idle connections
-        self.ended: dict[int, Window] = {}  # senders' end windows read before settle
+        self.ended: dict[int, Congestion] = {}  # senders' end windows read before settle
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
         self.leads: deque[float] = deque(maxlen=32)  # routed to decode's checkout (seconds)
         self._as_of = clock()
@@ -244,7 +244,7 @@ class WanLine:
         """How long after routing decode checks a connection out (median of recent)."""
         return statistics.median(self.leads) if self.leads else 0.0
 
-    def _window(self, now: float, take: bool) -> Window:
+    def _window(self, now: float, take: bool) -> Congestion:
         """The congestion window the next transfer's connection has (``take``: check it
         out). Decode takes the warmest idle connection when its request reaches it,
         ``lead_s`` after routing: one idle now and still reusable, or one of a transfer
@@ -262,17 +262,17 @@ class WanLine:
             best_freed.promised |= take
             return grown
         if best_idle is None:
-            return Window()
+            return Congestion()
         if take:
             self.pool.remove(best_idle)
         return best_idle.window
 
-    def _grown(self, window: Window, nbytes: float) -> Window:
+    def _grown(self, window: Congestion, nbytes: float) -> Congestion:
         """The model's guess of a window after carrying ``nbytes``: slow start grows it
         by every byte acknowledged, up to the pipe (congestion avoidance: barely)."""
         if window.cwnd >= window.ssthresh:
             return window
-        return Window(min(window.cwnd + nbytes, max(self.rate * self.rtt, INITIAL_WINDOW)))
+        return Congestion(min(window.cwnd + nbytes, max(self.rate * self.rtt, INITIAL_WINDOW)))
 
     def seconds(self, own_bytes: float) -> float:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
@@ -306,7 +306,7 @@ class WanLine:
         self.leads.append(max(0.0, record.start - item.started))
         # The sender's window as it ended (the Done frame), else the model's guess.
         if record.cwnd_end_bytes:
-            window = Window.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
+            window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
         else:
             window = self._grown(item.window, record.wire_bytes)
         if not item.promised:  # else the transfer promised it has it
@@ -321,7 +321,7 @@ class WanLine:
             x = record.wire_bytes
             start = item.window  # the sender's measured window where it said
             if record.cwnd_bytes:
-                start = Window.reported(record.cwnd_bytes, record.ssthresh_bytes)
+                start = Congestion.reported(record.cwnd_bytes, record.ssthresh_bytes)
             explained = start.extra_s(x, self.rate, self.rtt) + self.loss_s(x)
             self.achieved.add(x, record.seconds - explained)
 
@@ -330,7 +330,7 @@ class WanLine:
         the receiver's Ack came back (decode has it too, from the Window frame)."""
         if not record.ok or not record.cwnd_end_bytes:
             return
-        window = Window.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
+        window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
         for idle in self.pool:
             if idle.room == room:
                 idle.window = window
