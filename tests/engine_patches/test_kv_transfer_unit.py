@@ -239,6 +239,28 @@ def test_an_early_start_room_no_decode_asks_for_fails_after_the_bootstrap_timeou
         sender.failure_exception()
 
 
+def _three_page_room(idle_s: float = 5.0):
+    """A plain room of three pages whose decode request is parked: (room, its sender
+    after init, decode's end of the connection)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    src = [torch.zeros(16, 4) for _ in range(2)]
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
+    mgr = _StandInManager(pool, idle_s=idle_s)
+    room = new_room()
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
+    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(3)
+    return room, sender, decode_end
+
+
 def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time():
     """A chunk, then prefill computes for 0.3 s, then the last chunk: the Done frame tells
     the receiver how long the wire idled, and the record's seconds leave it out."""
@@ -247,21 +269,9 @@ def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time
 
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from engine_patches.kv_transfer.manager import Incoming
-    from engine_patches.kv_transfer.sender import TcpKVSender
     from protocol.records import TransferRecord
-    from protocol.rooms import new_room
 
-    src = [torch.zeros(16, 4) for _ in range(2)]
-    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
-    mgr = _StandInManager(pool)
-    room = new_room()
-    prefill_end, decode_end = socket.socketpair()
-    request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
-    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
-    sender = TcpKVSender(mgr, "p:1", room)
-    assert sender.poll() == KVPoll.WaitingForInput
-    sender.init(3)
+    room, sender, decode_end = _three_page_room()
     done: list[Done] = []
 
     def decode() -> None:
@@ -296,21 +306,8 @@ def test_a_prefill_slower_than_the_idle_timeout_between_chunks_is_not_a_stall():
 
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from engine_patches.kv_transfer.manager import Incoming
-    from engine_patches.kv_transfer.sender import TcpKVSender
-    from protocol.rooms import new_room
-
     idle = 0.2
-    src = [torch.zeros(16, 4) for _ in range(2)]
-    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
-    mgr = _StandInManager(pool, idle_s=idle)
-    room = new_room()
-    prefill_end, decode_end = socket.socketpair()
-    request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
-    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
-    sender = TcpKVSender(mgr, "p:1", room)
-    assert sender.poll() == KVPoll.WaitingForInput
-    sender.init(3)
+    room, sender, decode_end = _three_page_room(idle_s=idle)
     kinds: list[MsgType] = []
 
     def decode() -> None:
