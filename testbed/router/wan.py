@@ -45,8 +45,9 @@ One flow alone pays, on top of its bytes at the goodput:
   acknowledged: ``w + x`` after ``x`` bytes from ``w``. Decode checks a connection out
   only when its request reaches it (``lead_s`` after routing, learned from the
   receivers' start stamps), so a transfer routed while every pooled connection is busy
-  gets the one the model sees freed by then; only when none is does it pay a new
-  connection's slow start from the initial window.
+  gets the one the model sees freed by then (if it comes back later than that, decode
+  gave the transfer another, and it goes to the pool); only when none is does it pay a
+  new connection's slow start from the initial window.
 - Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
   losses): a lossy flow's window settles where losses halve it, about
   ``sqrt(3/2) * MSS / sqrt(p)`` per round trip (Mathis et al.). At 0.1% loss and a
@@ -148,7 +149,7 @@ class _Outstanding:
     left: float  # not yet drained (the fluid model's view)
     started: float
     window: Congestion  # its connection's when it started
-    promised: bool = False  # its connection goes next to a transfer routed after it
+    promised_to: int | None = None  # the transfer routed after it given its connection
 
 
 class _Goodput:
@@ -244,26 +245,30 @@ class WanLine:
         """How long after routing decode checks a connection out (median of recent)."""
         return statistics.median(self.leads) if self.leads else 0.0
 
-    def _window(self, now: float, take: bool) -> Congestion:
-        """The congestion window the next transfer's connection has (``take``: check it
-        out). Decode takes the warmest idle connection when its request reaches it,
-        ``lead_s`` after routing: one idle now and still reusable, or one of a transfer
-        the model sees ending by then; without any, a new connection's."""
+    def _window(self, now: float, taker: int | None = None) -> Congestion:
+        """The congestion window the next transfer's connection has (``taker``: the
+        transfer that checks it out). Decode takes the warmest idle connection when its
+        request reaches it, ``lead_s`` after routing: one idle now and still reusable, or
+        one of a transfer the model sees ending by then; without any, a new
+        connection's."""
         self.pool = [c for c in self.pool if now - c.since < self.pool_reuse_s]
         active = [o for o in self.outstanding.values() if o.left > 0]
         share = self.goodput / max(1, len(active))
         freed = [
-            o for o in self.outstanding.values() if not o.promised and o.left / share <= self.lead_s
+            o
+            for o in self.outstanding.values()
+            if o.promised_to is None and o.left / share <= self.lead_s
         ]
         best_idle = max(self.pool, key=lambda c: (c.window.cwnd, c.since), default=None)
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         grown = best_freed and self._grown(best_freed.window, best_freed.bytes)
         if grown and (best_idle is None or grown.cwnd > best_idle.window.cwnd):
-            best_freed.promised |= take
+            if taker is not None:
+                best_freed.promised_to = taker
             return grown
         if best_idle is None:
             return Congestion()
-        if take:
+        if taker is not None:
             self.pool.remove(best_idle)
         return best_idle.window
 
@@ -279,7 +284,7 @@ class WanLine:
         if not own_bytes:
             return 0.0
         shared = sum(min(o.left, own_bytes) for o in self.outstanding.values())
-        window = self._window(self.clock(), take=False)
+        window = self._window(self.clock())
         return window.extra_s(own_bytes, self.rate, self.rtt) + max(
             (own_bytes + shared) / self.goodput,
             own_bytes / self.goodput + self.loss_s(own_bytes),
@@ -291,7 +296,7 @@ class WanLine:
 
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())
-        window = self._window(self._as_of, take=True)
+        window = self._window(self._as_of, taker=room)
         self.outstanding[room] = _Outstanding(nbytes, float(nbytes), self._as_of, window)
 
     def settle(self, room: int, record: TransferRecord | None = None) -> None:
@@ -309,7 +314,10 @@ class WanLine:
             window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
         else:
             window = self._grown(item.window, record.wire_bytes)
-        if not item.promised:  # else the transfer promised it has it
+        # Given to a transfer routed after it: that transfer has it if it was back before
+        # decode checked one out for it (else decode took another, and it idles now).
+        taker = self.outstanding.get(item.promised_to) if item.promised_to is not None else None
+        if taker is None or record.end > taker.started + self.lead_s:
             self.pool.append(_Idle(room, self.ended.pop(room, window), self._as_of))
         self._forget_ended()
         first, end = record.end - record.seconds, record.end

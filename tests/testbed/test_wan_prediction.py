@@ -265,9 +265,29 @@ def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(i
     line.start(room=3, nbytes=50 * MB)  # ... and gets the freed connection, if any
     cold = slow_start_s(MB, rate, rtt)
     assert line.predict(MB).seconds >= cold  # no second promise
-    clock.now += 20.0
-    line.settle(2, settled(2, in_flight, 10.0, end=clock.now, start=clock.now - 12.0))
+    clock.now += 1.0  # back before decode checks one out for room 3 (lead_s = 2 s)
+    line.settle(2, settled(2, in_flight, 1.0, end=clock.now, start=clock.now - 3.0))
     assert len(line.pool) == (0 if in_flight / rate <= 2.0 else 1)  # promised, not pooled
+
+
+def test_a_promised_connection_back_after_its_taker_checked_out_goes_to_the_pool():
+    """The model gave room 2 the connection room 1 was to free by room 2's checkout;
+    room 1 ended later than that, so decode gave room 2 another one and room 1's
+    connection idles: the next transfer gets its window (it was lost to the mirror,
+    which then predicted a poorer connection than decode took)."""
+    clock = Clock()
+    rate, rtt = 10 * MB, 1.0
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    alone(line, clock, 0, MB, 1.0, start=clock.now + 1.0 + 2.0)  # lead_s = 2 s
+    line.start(room=1, nbytes=MB)  # takes room 0's connection
+    clock.now += 0.5
+    line.start(room=2, nbytes=MB)  # promised room 1's, seen free within lead_s
+    assert line.outstanding[1].promised_to == 2
+    clock.now += 10.0  # room 1 ends long after room 2's checkout
+    line.settle(1, settled(1, MB, 1.0, end=clock.now, start=clock.now - 9.0, cwnd_end_bytes=MB))
+    assert [c.window.cwnd for c in line.pool] == [MB]
+    expected = slow_start_s(MB, rate, rtt, window=MB) + MB / line.goodput  # room 2 drained
+    assert line.predict(MB).seconds == pytest.approx(expected)
 
 
 def two_routed() -> tuple[WanLine, Clock]:
