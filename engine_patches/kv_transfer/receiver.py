@@ -202,10 +202,9 @@ class TcpKVReceiver(BaseKVReceiver):
             if kind == MsgType.WINDOW:  # the last transfer's, come after its checkout
                 continue
             sock.settimeout(timeouts.idle)
-            if kind == MsgType.WAITING:  # prefill still computes: the wire is alive
-                record.wire_bytes += frame_size(0)
-                continue
             record.wire_bytes += frame_size(len(body))
+            if kind == MsgType.WAITING:  # prefill still computes: the wire is alive
+                continue
             view = memoryview(body)
             if kind == MsgType.KV_CHUNK:
                 if len(view) < KvChunkHeader.size:

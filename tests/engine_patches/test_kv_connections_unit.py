@@ -1,0 +1,308 @@
+"""The tcp KV transfer backend's connections without SGLang servers: prefill's sender
+legs (early start, waits for prefill, the success/clear race) and decode's pool of
+idle connections, over socket pairs."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from engine_patches.kv_transfer.pool import BufferSet
+from protocol.frames import MsgType, recv_frame, send_frame
+from protocol.kv import Done, KvChunkHeader, TransferRequest, Window
+
+
+class _StandInManager:
+    """Stands in for TcpKVManager's prefill side (no SGLang, no listener): a pool, the
+    parked decode requests by room, and the transfer log."""
+
+    def __init__(self, pool, bootstrap_s: float = 30.0, idle_s: float = 5.0) -> None:
+        from engine_patches.kv_transfer.manager import Timeouts
+
+        self.pool, self.page_size, self.aux = pool, 1, None
+        self.timeouts = Timeouts(bootstrap=bootstrap_s, idle=idle_s, first_data=5.0)
+        self.parked: dict[int, list] = {}
+        self.logged: list = []
+        self.log = type("Log", (), {"write": lambda _, record: self.logged.append(record)})()
+
+    def claim(self, room):
+        parked = self.parked.get(room)
+        return parked.pop(0) if parked else None
+
+    def reuse_connection(self, conn, peer):
+        conn.close()
+
+    def close_room(self, room, reason):
+        pass
+
+
+def _wait_for(sender, states, timeout_s=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sender.poll() in states:
+            return sender.poll()
+        time.sleep(0.01)
+    return sender.poll()
+
+
+def test_an_early_start_room_sends_what_prefill_computed_before_decode_asked():
+    """PDD's P->MD: prefill does not wait for main decode's transfer request (it crosses
+    the WAN). Every chunk sent before the request came is replayed to it, and only the
+    pages decode lacks cross; a plain room still waits for its decode."""
+    import threading
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    src = [torch.arange(64, dtype=torch.float32).reshape(16, 4) + 100 * i for i in range(2)]
+    item = 4 * 4
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [item] * 2)
+    mgr = _StandInManager(pool)
+
+    plain = TcpKVSender(mgr, "p:1", new_room())
+    assert plain.poll() == KVPoll.Bootstrapping  # SGLang's way: wait for the decode
+
+    room = new_room(early_start=True)
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput  # computes at once
+    assert sender.pop_decode_prefix_len() == 0  # offers every page
+    sender.init(6)
+    sender.send(np.array([3, 4]))  # the cached prefix, then the computed pages
+    sender.send(np.array([8, 9, 10, 11]), state_indices=[])
+
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(2, -1, 0, np.array([0, 1, 2, 3], np.int32))  # holds 2 pages
+    mgr.parked[room] = [Incoming(prefill_end, "md:1", request, 0.0)]
+    got: dict = {}
+
+    def decode() -> None:
+        pages = []
+        while True:
+            kind, _, body = recv_frame(decode_end)
+            if kind == MsgType.KV_CHUNK:
+                head = KvChunkHeader.decode(memoryview(body))
+                pages.append((head.first, head.count, bytes(body[KvChunkHeader.size :])))
+            elif kind == MsgType.DONE:
+                got["done"], got["pages"] = Done.decode(bytes(body)), pages
+                send_frame(decode_end, MsgType.ACK, room)
+                return
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    reader.join(5)
+    assert got["done"].total_pages == 4
+    rows = np.array([8, 9, 10, 11])  # pages 0-1 (3, 4) decode already held
+    expected = b"".join(t.numpy().tobytes() for t in pool.read(rows))
+    assert b"".join(p for *_, p in got["pages"]) == expected
+    assert [r.status for r in mgr.logged] == ["success"]
+    decode_end.close()
+
+
+def test_an_early_start_room_no_decode_asks_for_fails_after_the_bootstrap_timeout():
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    mgr = _StandInManager(pool=None, bootstrap_s=0.05)
+    sender = TcpKVSender(mgr, "p:1", new_room(early_start=True))
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(2)
+    assert _wait_for(sender, {KVPoll.Failed}, timeout_s=2) == KVPoll.Failed
+    with pytest.raises(Exception, match="never requested room"):
+        sender.failure_exception()
+
+
+def _three_page_room(idle_s: float = 5.0):
+    """A plain room of three pages whose decode request is parked: (room, its sender
+    after init, decode's end of the connection)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    src = [torch.zeros(16, 4) for _ in range(2)]
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
+    mgr = _StandInManager(pool, idle_s=idle_s)
+    room = new_room()
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
+    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(3)
+    return room, sender, decode_end
+
+
+def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time():
+    """A chunk, then prefill computes for 0.3 s, then the last chunk: the Done frame tells
+    the receiver how long the wire idled, and the record's seconds leave it out."""
+    import threading
+    import time
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from protocol.records import TransferRecord
+
+    room, sender, decode_end = _three_page_room()
+    done: list[Done] = []
+
+    def decode() -> None:
+        while True:
+            kind, _, body = recv_frame(decode_end)
+            if kind == MsgType.DONE:
+                done.append(Done.decode(bytes(body)))
+                send_frame(decode_end, MsgType.ACK, room)
+                return
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    sender.send(np.array([0]))
+    time.sleep(0.3)  # prefill computing the rest
+    sender.send(np.array([1, 2]), state_indices=[])
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    reader.join(5)
+    assert 0.25 <= done[0].sender_wait_s < 5
+    record = TransferRecord(room, "decode", "p", start=0.0, first_byte=10.0, end=10.5)
+    record.sender_wait_s = done[0].sender_wait_s
+    assert record.seconds == pytest.approx(0.5 - done[0].sender_wait_s)
+    decode_end.close()
+
+
+def test_a_prefill_slower_than_the_idle_timeout_between_chunks_is_not_a_stall():
+    """A long prompt's next chunk on a busy prefill can take longer than decode's idle
+    timeout (a test_pdd AIPerf run: 8 s between two chunks against 5 s): the sender
+    says it is waiting, so decode's reader, timing out after ``idle`` without a frame as
+    the receiver does, never gives up on a transfer that is alive."""
+    import threading
+    import time
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    idle = 0.2
+    room, sender, decode_end = _three_page_room(idle_s=idle)
+    kinds: list[MsgType] = []
+
+    def decode() -> None:
+        decode_end.settimeout(idle)  # a stall: no frame this long
+        while True:
+            kind, _, _ = recv_frame(decode_end)
+            kinds.append(kind)
+            if kind == MsgType.DONE:
+                send_frame(decode_end, MsgType.ACK, room)
+                return
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    sender.send(np.array([0]))
+    time.sleep(5 * idle)  # prefill computing the rest
+    sender.send(np.array([1, 2]), state_indices=[])
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    reader.join(5)
+    assert kinds[-1] == MsgType.DONE  # the reader never timed out
+    assert kinds.count(MsgType.WAITING) >= 5  # about one a third of the idle timeout
+    decode_end.close()
+
+
+def test_decode_reuses_its_warmest_idle_connection_and_drops_stale_and_closed_ones():
+    """The decode side's pool (TcpKVManager.checkout/checkin; the stand-in below holds
+    only the pool's state, no SGLang): the idle connection whose sender reported the
+    largest window goes first, a closed one is skipped, one idle past pool_reuse is
+    closed, and an empty pool says None (decode then connects anew)."""
+    import threading
+
+    from engine_patches.kv_transfer.manager import TcpKVManager, Timeouts
+
+    pool = type("Pool", (), {})()
+    pool._lock, pool._idle = threading.Lock(), {}
+    pool.timeouts = Timeouts(pool_reuse=30.0)
+    pairs = [socket.socketpair() for _ in range(4)]
+    cold, warm, closed, stale = (a for a, _ in pairs)
+    TcpKVManager.checkin(pool, "p:1", cold, window=14_480)
+    TcpKVManager.checkin(pool, "p:1", warm, window=900_000)
+    TcpKVManager.checkin(pool, "p:1", closed, window=2_000_000)
+    TcpKVManager.checkin(pool, "p:1", stale, window=5_000_000)
+    pairs[2][1].close()  # its peer went away while it idled
+    when = pool._idle["p:1"][3][1]
+    pool._idle["p:1"][3] = (stale, when - 31.0, 5_000_000)  # idle past pool_reuse
+    assert TcpKVManager.checkout(pool, "p:1") is warm
+    assert stale.fileno() == -1 and closed.fileno() == -1  # both closed, not reused
+    assert TcpKVManager.checkout(pool, "p:1") is cold
+    assert TcpKVManager.checkout(pool, "p:1") is None
+    # The sender's Window frame (after the Ack: losses of the last windows counted)
+    # re-ranks the pool; a connection carrying anything else is not reused.
+    shrunk, grown, odd = (socket.socketpair() for _ in range(3))
+    TcpKVManager.checkin(pool, "p:1", shrunk[0], window=900_000)
+    TcpKVManager.checkin(pool, "p:1", grown[0], window=300_000)
+    TcpKVManager.checkin(pool, "p:1", odd[0], window=2_000_000)
+    send_frame(shrunk[1], MsgType.WINDOW, 1, Window(400_000, 400_000).encode())
+    send_frame(grown[1], MsgType.WINDOW, 2, Window(600_000).encode())
+    send_frame(odd[1], MsgType.ACK, 3)
+    assert TcpKVManager.checkout(pool, "p:1") is grown[0]
+    assert odd[0].fileno() == -1
+    assert TcpKVManager.checkout(pool, "p:1") is shrunk[0]
+    assert shrunk[0].gettimeout() is None  # its timeout as it was
+    for a, b in [*pairs, shrunk, grown, odd]:
+        a.close()
+        b.close()
+
+
+def test_clear_right_after_success_leaves_the_connection_to_its_next_request():
+    """SGLang polls Success and at once clear()s the sender, while the sender's thread
+    is still writing its record before it hands the connection back for the next
+    request. clear() must not close that connection (it did: the pooled connection's
+    next request read a closed socket, EBADF, and decode lost its warmest connection).
+    The stand-in's log write holds the sender at that point until clear() has run."""
+    import threading
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.manager import Incoming
+    from engine_patches.kv_transfer.sender import TcpKVSender
+    from protocol.rooms import new_room
+
+    src = [torch.zeros(16, 4) for _ in range(2)]
+    pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
+    mgr = _StandInManager(pool)
+    cleared, reused = threading.Event(), []
+    mgr.log = type("Log", (), {"write": lambda _, record: cleared.wait(5)})()
+    mgr.reuse_connection = lambda conn, peer: reused.append(conn.fileno())
+    room = new_room()
+    prefill_end, decode_end = socket.socketpair()
+    request = TransferRequest(0, -1, 0, np.array([0, 1], np.int32))
+    mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
+    sender = TcpKVSender(mgr, "p:1", room)
+    assert sender.poll() == KVPoll.WaitingForInput
+    sender.init(2)
+
+    def decode() -> None:
+        while recv_frame(decode_end)[0] != MsgType.DONE:
+            pass
+        send_frame(decode_end, MsgType.ACK, room)
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    sender.send(np.array([0, 1]), state_indices=[])
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    sender.clear()  # what SGLang's prefill does on Success
+    cleared.set()
+    reader.join(5)
+    deadline = time.monotonic() + 5
+    while not reused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reused and reused[0] != -1  # handed back open
+    send_frame(decode_end, MsgType.TRANSFER_REQUEST, room)  # the next request gets there
+    assert recv_frame(prefill_end)[0] == MsgType.TRANSFER_REQUEST
+    decode_end.close()
+    prefill_end.close()
