@@ -88,6 +88,11 @@ def aiperf_argv(
         str(out_dir),
         "--ui-type",
         "none",
+        # The router has no Prometheus endpoint and the machine no GPU; AIPerf's optional
+        # collectors for them only cost CPU, and one that misses its heartbeats on a busy
+        # 2-core machine fails the whole run ("result producer died before reporting").
+        "--no-server-metrics",
+        "--no-gpu-telemetry",
     ]
 
 
