@@ -232,6 +232,9 @@ class Router:
         finally:
             for name in busy:
                 self.loads.in_flight[name] -= 1
+            if record.status == "ok":
+                switched = 0 < record.eager_tokens < record.output_tokens
+                self.loads.learn_itl(record.decode_server, record.token_times, switched)
             record.finish = record.finish or time.time()
             if self.after is not None:
                 self.after.after(route, body, record, turn_done)

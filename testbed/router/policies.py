@@ -33,12 +33,27 @@ class Route:
 
 
 class Loads:
-    """Requests in flight per server, as the router sees them, and the servers out of
-    rotation (failed health checks: name → why)."""
+    """Requests in flight per server, as the router sees them, the servers out of
+    rotation (failed health checks: name → why), and each decoder's recent
+    inter-token interval (what the switch expects of main decode before it has measured
+    main decode's pace in the request itself)."""
+
+    ITL_WEIGHT = 0.3  # of the newest request in the decaying average
 
     def __init__(self) -> None:
         self.in_flight: Counter[str] = Counter()
         self.down: dict[str, str] = {}
+        self.itl: dict[str, float] = {}  # server → seconds between tokens
+
+    def learn_itl(self, server: str | None, token_times: list[float], switched: bool) -> None:
+        """A finished request's median gap, for the server that decoded every token of it
+        (a request that switched servers mid-stream says nothing of either one)."""
+        if server is None or switched or len(token_times) < 3:
+            return
+        gaps = sorted(b - a for a, b in zip(token_times, token_times[1:], strict=False))
+        gap = gaps[len(gaps) // 2]
+        old = self.itl.get(server)
+        self.itl[server] = gap if old is None else old + self.ITL_WEIGHT * (gap - old)
 
     def least_loaded(self, servers: list[ServerEntry]) -> ServerEntry:
         if not servers:

@@ -37,6 +37,10 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     queue: deque = deque()  # chunks not yet sent, in token order
     have = len(req.tokens)  # tokens the router holds (sent or queued)
     itl = _itl(req.record.token_times)  # the request's own, on relay decode
+    # main decode's interval on its recent requests: until its pace in this request is
+    # measured, the client is not served faster than main decode is expected to go, so
+    # it does not run far ahead of main decode only to wait for it at the switch
+    expected = max(itl, req.p.loads.itl.get(req.route.main_decode.name, 0.0))
     md_pace = _Pace()  # main decode's tokens per second since its first chunk
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
@@ -48,7 +52,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # spaced by main decode's interval once measured: the rhythm the client keeps
             # after the switch (a faster main decode then catches up with relay decode's)
             known = md_pace.tokens >= req.p.pdd.switch_tokens
-            pace = req.p.pdd.switch_pace * (md_pace.seconds_for(1) if known else itl)
+            pace = req.p.pdd.switch_pace * (md_pace.seconds_for(1) if known else expected)
             caught_up = not md_failed and md_count >= len(req.tokens)
             in_time = (
                 not md_failed
@@ -65,9 +69,14 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # already has the whole request)
             slow = not md_failed and not rld_finished and md_count < have
             interval = pace
-            if slow and not rld_open:  # what is queued must last until main decode has it
-                share = md_pace.seconds_for(have - md_count) / len(queue) if queue else 0.0
-                interval = max(pace, share) if share != float("inf") else pace
+            if slow and not rld_open and queue:
+                # What is queued must last until main decode has the token after it: the
+                # time from the last token sent until then, spread evenly over the queued
+                # tokens and that one (the switch's own gap).
+                wait = md_pace.seconds_until(have + 1 - md_count)
+                if wait != float("inf"):
+                    span = time.time() - last_sent + wait
+                    interval = max(pace, span / (len(queue) + 1))
             if queue and (not slow or time.time() - last_sent >= interval):
                 chunk = queue.popleft()
                 new = chunk.new_ids(len(req.tokens))
@@ -149,6 +158,14 @@ class _Pace:
     def tokens(self) -> int:
         """Tokens decoded since its first chunk."""
         return self.last[0] - self.first[0] if self.first else 0
+
+    def seconds_until(self, tokens: int) -> float:
+        """How long from now until it has decoded ``tokens`` more than its last chunk's
+        count, at its pace so far (its next token is due one interval after that chunk)."""
+        if not self.tokens:
+            return float("inf")
+        due = self.last[1] + self.seconds_for(tokens)
+        return max(0.0, due - time.monotonic())
 
     def seconds_for(self, tokens: int) -> float:
         """How long it takes to decode ``tokens`` more at its pace so far."""

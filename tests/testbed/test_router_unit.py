@@ -6,7 +6,9 @@ import json
 import time
 
 import httpx
+import pytest
 
+from testbed.router.policies import Loads
 from tests.testbed.router_process import colocated_config, free_port, running_router
 
 
@@ -27,3 +29,14 @@ def test_unreachable_server_is_a_clear_502_and_an_error_record(tmp_path):
         records = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
         assert records[0]["status"] in ("upstream_error", "rejected")
         assert records[1]["status"] == "rejected" and "gone" in records[0]["error"]
+
+
+def test_loads_learn_a_decoders_interval_from_requests_it_decoded_alone():
+    loads = Loads()
+    loads.learn_itl("md", [0.0, 0.05, 0.10, 0.15, 0.30], switched=False)  # median gap 0.05
+    assert loads.itl["md"] == pytest.approx(0.05)
+    loads.learn_itl("md", [0.0, 0.2, 0.4, 0.6], switched=True)  # two servers' gaps: ignored
+    loads.learn_itl("md", [0.0, 0.1], switched=False)  # one gap says too little
+    assert loads.itl["md"] == pytest.approx(0.05)
+    loads.learn_itl("md", [0.0, 0.15, 0.30, 0.45], switched=False)  # decays towards 0.15
+    assert loads.itl["md"] == pytest.approx(0.05 + Loads.ITL_WEIGHT * 0.10)

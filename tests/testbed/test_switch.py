@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -15,6 +16,7 @@ import pytest
 
 from protocol.stream import Chunk
 from testbed.router.config import PddConfig
+from testbed.router.policies import Loads
 from testbed.router.switch import switch_streams
 
 TOTAL = 40  # output tokens of the request
@@ -49,7 +51,7 @@ class Request:
         self.record = SimpleNamespace(token_times=times, handoff_s=None, eager_tokens=EAGER)
         self.record.decode_server, self.record.fallback = "rld", None
         pdd = PddConfig(switch_pace=1.25, switch_tokens=4, switch_limit_tokens=8)
-        self.p = SimpleNamespace(pdd=pdd)
+        self.p = SimpleNamespace(pdd=pdd, loads=Loads())
         self.route = SimpleNamespace(main_decode=SimpleNamespace(name="md"))
         self.sent: list[float] = list(times)  # when the client got each token
         self.rld_closed = False
@@ -104,6 +106,28 @@ def test_a_main_decode_slower_than_relay_decode_still_takes_over_without_one_sta
     # stall would be most of that; spread, no gap is more than a few even shares
     assert len(gaps) >= 10 and max(gaps) < 0.3 * waited
     assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
+    # evenly: the switch itself (the first token only main decode gave) is no longer a
+    # gap than the spread ones (it was 1.3x them: the queue ran out a token early)
+    first_md = req.record.eager_tokens  # relay decode gave the tokens before it
+    spread = req.sent[req.closed_at - 1 : first_md]
+    spread_gaps = [b - a for a, b in zip(spread, spread[1:], strict=False)]
+    switch_gap = req.sent[first_md] - req.sent[first_md - 1]
+    assert switch_gap <= 1.1 * statistics.median(spread_gaps)
+
+
+def test_main_decodes_interval_on_its_recent_requests_paces_the_client_from_the_handoff():
+    """Until main decode's pace in this request is measured, the client is served at
+    the interval main decode showed on its recent requests, not relay decode's
+    faster one: it does not run ahead of main decode only to wait for it later."""
+    gaps = {}
+    for known in (False, True):
+        req = Request(itl_s=0.02)
+        if known:
+            req.p.loads.learn_itl("md", [i * 0.06 for i in range(10)], switched=False)
+        assert not run(req, stream(EAGER + 1, 0.02), stream(EAGER - 4, 0.06))
+        assert req.tokens == [100 + i for i in range(TOTAL)]
+        gaps[known] = req.longest_gap
+    assert gaps[True] < 1.6 * 0.06 < gaps[False]
 
 
 def test_waiting_for_a_main_decode_still_behind_counts_as_the_handoff_gap():
