@@ -1,14 +1,15 @@
 """What follows each request of a pdd router: DRC alignment and the MD prefix mirror.
 
-After a request that ended on MD (or was settled there), ``remember`` tells the MD
-prefix mirror what MD now caches and, with ``align_prefill_cache``, has P cache the
-same exchange (a prefill with SGLang's fake transfer: nothing is sent), so P's and
-MD's hit ratios stay aligned over a session. A session's next request waits for the
-previous one's alignment, or for its settling on MD when relay decode finished it
-(``before``/``after``), but at most ``turn_wait_s``: past that it is routed on what
-the mirror knows then (MD lacking the exchange: a conservative WAN prediction, and P
-recomputes what it has not cached yet), so a slow settle behind a busy WAN never
-stalls the session's next first token.
+When a request is routed with its KV to MD, ``routed`` tells the MD prefix mirror that
+MD will hold its prompt. After a request that ended on MD (or was settled there),
+``remember`` tells the mirror what MD now caches and, with ``align_prefill_cache``,
+has P cache the same exchange (a prefill with SGLang's fake transfer: nothing is
+sent), so P's and MD's hit ratios stay aligned over a session. A session's next
+request waits for the previous one's alignment, or for its settling on MD when relay
+decode finished it (``before``/``after``), but at most ``turn_wait_s``: past that it
+is routed on what the mirror knows then (MD lacking the exchange: a conservative WAN
+prediction, and P recomputes what it has not cached yet), so a slow settle behind a
+busy WAN never stalls the session's next first token.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from testbed.router.upstream import Upstream
 
 logger = logging.getLogger("pdd.router")
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
+KV_TO_MAIN_DECODE = (Pipeline.P_MD, Pipeline.P_RLD_MD)
 
 
 class AfterRequest:
@@ -58,6 +60,15 @@ class AfterRequest:
             except Exception as exc:  # alignment is an optimisation; never fail a request
                 logger.warning("aligning P's cache for session %s: %r", session, exc)
         return mine
+
+    def routed(self, route: Route, body: dict, session: str | None) -> None:
+        """The prompt's KV is on its way to main decode (P->MD, P->RLD->MD): MD caches
+        it once it lands, before this turn's exchange settles there, so the session's
+        next turn, routed while this one still decodes, is predicted with it (without:
+        a next turn predicted 336 uncached tokens on the WAN where MD lacked 17)."""
+        prompt = body.get("input_ids")
+        if route.pipeline in KV_TO_MAIN_DECODE and isinstance(prompt, list):
+            self.mirror.add(prompt, session)
 
     def after(
         self, route: Route | None, body: dict, record: RequestRecord, done: asyncio.Future | None

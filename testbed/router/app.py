@@ -220,6 +220,8 @@ class Router:
                 early_start=route.pipeline == Pipeline.P_MD,
             )
         self._on_wan(route, record)
+        if self.after is not None:
+            self.after.routed(route, body, record.session_id)
         busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
         for name in busy:
             self.loads.in_flight[name] += 1

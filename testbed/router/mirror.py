@@ -46,7 +46,9 @@ class PrefixMirror:
             while self._tokens > self.capacity_tokens:
                 _, dropped = self.by_session.popitem(last=False)
                 self._tokens -= len(dropped)
-        self.recent = [ids, *self.recent[: self.capacity - 1]]
+        # a turn's prompt (routed), then its exchange (done): the exchange replaces it
+        kept = [c for c in self.recent if common_prefix(c, ids) < len(c)]
+        self.recent = [ids, *kept][: self.capacity]
 
     def predicted_hit(self, prompt: list[int], session: str | None) -> int:
         candidates = list(self.recent)

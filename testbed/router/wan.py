@@ -49,21 +49,31 @@ One flow alone pays, on top of its bytes at the goodput:
   gave the transfer another, and it goes to the pool); only when none is does it pay a
   new connection's slow start from the initial window.
 - Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
-  losses): a lossy flow's window settles where losses halve it, about
-  ``sqrt(3/2) * MSS / sqrt(p)`` per round trip (Mathis et al.). At 0.1% loss and a
-  20 ms round trip that is 2.8 MB/s of a 12.5 MB/s line (default: a lone 2.5 MB
-  transfer took 1.3 s where the line rate predicted 0.26 s), while hetero's 0.01% lets
-  nearly every transfer through loss-free at the line's rate.
+  losses; under one expected loss a flow most often has none): a retransmission every
+  ``MSS / p`` bytes, each costing what the recent lossy transfers measured
+  (``loss_cost``: their time beyond slow start and the goodput, per retransmission the
+  sender counted). It is seeded so that a long flow goes at the Mathis bound, where
+  losses halving the window hold it at about ``sqrt(3/2) * MSS / sqrt(p)`` per round
+  trip: at 0.1% loss and a 20 ms round trip 2.8 MB/s of a 12.5 MB/s line, 0.4 s a
+  loss. Measured on default, a loss cost 0.1 s at the median (the drop-tail queue
+  keeps the pipe full while the window recovers; a retransmission timeout costs 0.2 s
+  and more), so 10 MB took 1.4-1.7 s where the bound predicted 3.3 s. Hetero's 0.01%
+  lets nearly every transfer through loss-free at the line's rate.
 
 Slow start's round trips are counted against the configured line's pipe (rate x
 RTT): a property of the line, not of the measured goodput (counted against the
 goodput, a low estimate shrank the pipe, explained less, and fell further).
 
 The rest — framing, the receiver's work, what the model misses — is in the goodput:
-the median rate of the recent settled transfers that had the line to themselves
-(:class:`_Goodput`): no other transfer's measured first byte to last byte overlapped
-theirs, and none the model still has on the wire was routed before they ended (one
-that shared the line says nothing the model could have known).
+the median rate, less what slow start explains, of the recent settled transfers that
+had the line to themselves and lost nothing (the sender counted no retransmission).
+Had the line to themselves: no other transfer's measured first byte to last byte
+overlapped theirs, and none the model still has on the wire was routed before they
+ended (one that shared the line says nothing the model could have known). Lossy
+transfers teach ``loss_cost`` instead: without that split a loss model too
+pessimistic explained nearly all of a lossy transfer's time, its rate came out above
+the line's, and the goodput stayed at its seed (the line rate, while transfers under
+load went at about 60% of it).
 """
 
 from __future__ import annotations
@@ -152,22 +162,19 @@ class _Outstanding:
     promised_to: int | None = None  # the transfer routed after it given its connection
 
 
-class _Goodput:
-    """The rate transfers achieve with the line to themselves: the median of the last
-    ``n`` (bytes over their time less what slow start and loss explain), seeded by the
-    configured rate and never above it (a flow cannot outrun the line it is on). A
-    median rather than a fitted line: one transfer a retransmission timeout or a busy
-    receiver slowed (hetero: 2.2 MB at half the line's rate) tilted a least-squares
-    slope, and with it every size's prediction, until it decayed."""
+class _Median:
+    """The median of the last ``n`` samples, ``seed`` until the first, never above
+    ``cap``. A median rather than a fitted line or a mean: one transfer a retransmission
+    timeout or a busy receiver slowed (hetero: 2.2 MB at half the line's rate) tilted a
+    least-squares slope, and with it every size's prediction, until it decayed."""
 
-    def __init__(self, rate: float, n: int = 16) -> None:
-        self.cap, self.value = rate, rate
-        self.rates: deque[float] = deque(maxlen=n)
+    def __init__(self, seed: float, n: int = 16, cap: float = float("inf")) -> None:
+        self.cap, self.value = cap, min(seed, cap)
+        self.samples: deque[float] = deque(maxlen=n)
 
-    def add(self, nbytes: float, seconds: float) -> None:
-        if nbytes > 0 and seconds > 0:
-            self.rates.append(nbytes / seconds)
-            self.value = min(statistics.median(self.rates), self.cap)
+    def add(self, value: float) -> None:
+        self.samples.append(value)
+        self.value = min(statistics.median(self.samples), self.cap)
 
 
 class WanLine:
@@ -183,9 +190,14 @@ class WanLine:
         self.rtt = 2 * one_way_s
         self.pool_reuse_s = pool_reuse_s  # decode servers' (servers.kv_pool_reuse_s)
         self.rate = float(rate_bytes_s)  # the line as configured
-        self.flow_bound = flow_rate_bound(self.rtt, loss)  # a long lossy flow's rate
+        self.loss = loss
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
-        self.achieved = _Goodput(self.rate, samples)
+        # What one retransmission costs a flow, seeded so that a long flow goes at the
+        # Mathis bound: MSS / loss bytes per loss at the bound rather than the line's.
+        bound = flow_rate_bound(self.rtt, loss)
+        seed = self.loss_free * max(0.0, 1 / bound - 1 / self.rate) if loss > 0 else 0.0
+        self.loss_cost = _Median(seed, samples)
+        self.achieved = _Median(self.rate, samples, cap=self.rate)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[_Idle] = []  # idle connections
@@ -200,11 +212,18 @@ class WanLine:
         is what the line carries in all (measured; never above the configured rate)."""
         return self.achieved.value
 
+    @property
+    def lossy_rate(self) -> float:
+        """A flow's rate past its loss-free run: a retransmission every ``MSS / loss``
+        bytes, each costing ``loss_cost``."""
+        return 1 / (1 / self.goodput + self.loss_cost.value / self.loss_free)
+
     def loss_s(self, nbytes: float) -> float:
-        """What random loss adds to one flow of ``nbytes``: past its loss-free run, it
-        goes at most at the loss bound."""
+        """What random loss adds to one flow of ``nbytes``: the retransmissions past its
+        loss-free run (fewer than the mean: a flow under one expected loss most often
+        has none, and the median error is what the prediction is held to)."""
         beyond = max(0.0, nbytes - self.loss_free)
-        return beyond * max(0.0, 1 / min(self.flow_bound, self.goodput) - 1 / self.goodput)
+        return beyond / self.loss_free * self.loss_cost.value if beyond else 0.0
 
     def _loss_free_left(self, o: _Outstanding) -> float:
         """Bytes before ``o`` leaves its loss-free run (0 once past it)."""
@@ -214,7 +233,7 @@ class WanLine:
     def _flow_rate(self, o: _Outstanding, share: float) -> float:
         """A transfer's rate: its share of the line, and past its loss-free run at most
         the loss bound."""
-        return share if self._loss_free_left(o) else min(share, self.flow_bound)
+        return share if self._loss_free_left(o) else min(share, self.lossy_rate)
 
     def _drain(self, now: float) -> None:
         """Advance the fluid model to ``now``: active transfers share the goodput."""
@@ -325,13 +344,23 @@ class WanLine:
             o.started < end and o.left > 0 for o in self.outstanding.values()
         )
         self.recent.append((first, end))
-        if not shared:  # the rate, less what slow start and loss explain
-            x = record.wire_bytes
-            start = item.window  # the sender's measured window where it said
-            if record.cwnd_bytes:
-                start = Congestion.reported(record.cwnd_bytes, record.ssthresh_bytes)
-            explained = start.extra_s(x, self.rate, self.rtt) + self.loss_s(x)
-            self.achieved.add(x, record.seconds - explained)
+        if not shared:
+            self._learn(record, item.window)
+
+    def _learn(self, record: TransferRecord, window: Congestion) -> None:
+        """A transfer that had the line to itself: without a retransmission, its rate
+        less what slow start explains is the goodput; with some, what they cost it
+        beyond that, each."""
+        x = record.wire_bytes
+        if record.cwnd_bytes:  # the sender's measured window where it said
+            window = Congestion.reported(record.cwnd_bytes, record.ssthresh_bytes)
+        seconds = record.seconds - window.extra_s(x, self.rate, self.rtt)
+        if seconds <= 0:
+            return
+        if not record.retransmits:
+            self.achieved.add(x / seconds)
+        elif self.loss:
+            self.loss_cost.add(max(0.0, seconds - x / self.goodput) / record.retransmits)
 
     def sender_end(self, room: int, record: TransferRecord) -> None:
         """The sender's log line for ``room``: the window its connection ended with, once

@@ -212,3 +212,34 @@ def test_the_md_mirror_holds_no_more_than_md_can_and_forgets_the_oldest_session(
     assert mirror.predicted_hit(b[:100] + [7], "b") == 100
     mirror.add(b + [5] * 100, "b")  # a session's next exchange replaces its last one
     assert mirror._tokens == 900 and list(mirror.by_session) == ["c", "b"]
+
+
+def test_a_turn_routed_to_main_decode_counts_in_the_next_turns_hit_before_it_ends():
+    """MD caches a prompt once its KV lands: a session's next turn, routed while the
+    previous one still decodes, has only its own new tokens on the WAN. A prompt
+    finished on relay decode alone never reaches MD."""
+    from testbed.router.after import AfterRequest
+
+    p = policy(direct_wan_bound_s=0.1)
+    after = AfterRequest(PddConfig(), p.mirror, None)
+    first = body(2000)
+    route = p.choose(first, Loads(), "s")
+    assert route.pipeline == Pipeline.P_RLD_MD
+    after.routed(route, first, "s")
+    follow = {**first, "input_ids": first["input_ids"] + [9] * 100}
+    assert "100 uncached" in p.choose(follow, Loads(), "s").reason
+
+    alone = body(3000, start=5000)
+    rld_only = p.choose(alone, Loads(), "t", pinned=Pipeline.RLD_ONLY)
+    after.routed(rld_only, alone, "t")
+    assert p.mirror.predicted_hit(alone["input_ids"], "t") == 0
+
+
+def test_a_turns_exchange_replaces_its_prompt_among_the_recent_ones():
+    mirror = PrefixMirror(recent=3)
+    a, other = [1] * 100, [2] * 100
+    mirror.add(a, "a")  # routed: its prompt
+    mirror.add(other, "b")
+    mirror.add(a + [3] * 10, "a")  # done: prompt + output
+    assert len(mirror.recent) == 2  # the prompt left (a slot for another session)
+    assert mirror.predicted_hit(other + [5], None) == 100

@@ -376,3 +376,28 @@ def test_a_transfer_that_never_settles_does_not_keep_the_fit_from_learning():
     for room, size in enumerate((MB // 10, 2 * MB, MB // 10, 2 * MB), start=2):
         alone(line, clock, room, size, 0.04 + size / (2 * MB))
     assert 1 in line.outstanding and line.goodput < 5 * MB  # it learned the slower line
+
+
+def test_a_lossless_transfer_teaches_the_goodput_and_a_lossy_one_what_a_loss_costs():
+    """Measured on default: under load transfers went at about 60% of the line, and a
+    loss cost about 0.1 s where the Mathis bound the model is seeded with said 0.4 s.
+    Each lone transfer teaches one of the two, by whether its sender retransmitted."""
+    clock = Clock()
+    rate, loss = 12.5 * MB, 0.001
+    line = WanLine(rate_bytes_s=rate, one_way_s=0.01, clock=clock, loss=loss)
+    free = 1448 / loss
+    seeded = line.loss_s(10 * MB)
+    assert seeded == pytest.approx((10 * MB - free) * (1 / flow_rate_bound(0.02, loss) - 1 / rate))
+    full = {"cwnd_bytes": MB}  # a window past the pipe: no slow start to explain
+    # Two retransmissions, 0.2 s beyond the line's rate: the goodput stays.
+    alone(line, clock, 1, 2 * MB, 2 * MB / rate + 0.2, retransmits=2, **full)
+    assert line.goodput == pytest.approx(rate) and line.loss_cost.value == pytest.approx(0.1)
+    assert line.loss_s(10 * MB) == pytest.approx((10 * MB - free) / free * 0.1)
+    assert line.loss_s(10 * MB) < seeded / 3
+    # None: its rate is the goodput, which the next loss's cost is measured against.
+    alone(line, clock, 2, MB, MB / (7.5 * MB), **full)
+    assert line.goodput == pytest.approx(7.5 * MB)
+    alone(line, clock, 3, 2 * MB, 2 * MB / (7.5 * MB) + 0.05, retransmits=1, **full)
+    assert line.goodput == pytest.approx(7.5 * MB)
+    assert line.loss_cost.value == pytest.approx((0.1 + 0.05) / 2)
+    assert line.loss_s(MB) == 0  # within the loss-free run: most such flows lose nothing
