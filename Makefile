@@ -40,6 +40,9 @@ bench-transfer:  ## KV goodput over the emulated WAN (1-64 MB) and the baselines
 bench-handoff:   ## 100-token handoff over a lossy WAN: KV shipped vs token ids + recompute
 	$(BIN)/testbed bench-handoff handoff
 
+bench-peers:     ## SGLang's bench_serving against same_site_pd, cross_site_pd, pdd: ITL and TTFT as its client sees them
+	$(BIN)/testbed bench-peers default
+
 bench-faults:    ## fault matrix on pdd and the baselines: cuts, loss, rate dips, kill -9 (~25 min)
 	$(BIN)/testbed bench-faults faults
 

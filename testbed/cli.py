@@ -317,6 +317,33 @@ def bench_handoff(
         raise interrupted() from None
 
 
+@app.command("bench-peers")
+def bench_peers(
+    scenario: str = typer.Argument("default", help="Scenario file or name (undilated)."),
+    system: list[str] = typer.Option(None, help="Only these systems (repeatable)."),
+    prompts_per_group: int = typer.Option(8, min=1, help="Prompts behind each system prompt."),
+    groups: int = typer.Option(4, min=1, help="System prompts (shared prefixes)."),
+    rate: float = typer.Option(1.0, min=0.01, help="Requests per second (Poisson)."),
+    out: Path = typer.Option(Path("runs"), help="Directory for run directories."),
+    overrides: list[str] = SET,
+) -> None:
+    """SGLang's bench_serving, unchanged, against same_site_pd, cross_site_pd and pdd on
+    one network: TTFT and inter-token latency as its client measures them, side by side."""
+    from testbed.bench import peers
+    from testbed.net_cli import fail
+    from testbed.scenario import Scenario, ScenarioError
+    from topologies.netns import NetworkError
+
+    load = peers.PeerLoad(groups=groups, per_group=prompts_per_group, rate=rate)
+    try:
+        sc = Scenario.load(scenario, overrides or ())
+        peers.run_peers(sc, out, console, load, system or None)
+    except (ScenarioError, NetworkError, ServerError, RuntimeError, ValueError) as exc:
+        raise fail(exc) from exc
+    except KeyboardInterrupt:
+        raise interrupted() from None
+
+
 @app.command("bench-faults")
 def bench_faults(
     scenario: str = typer.Argument("faults", help="Scenario file or name in scenarios/."),

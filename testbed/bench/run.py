@@ -93,22 +93,7 @@ def _run_system(
 ) -> None:
     deployment = Deployment(scenario, system, out, NET_NAME)
     try:
-        with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
-            deployment.up()
-        check = []  # an inventory's WAN is real: `testbed net check` is for emulated links
-        if deployment.net.emulated:
-            with console.status(f"[bold]{system}[/bold]: checking the links"):
-                check = [m.as_row() for m in check_network(deployment.net, seconds=3)]
-        write_atomic(out / "link_check.json", json.dumps(check, indent=2))
-        bad = [m for m in check if not m["ok"]]
-        if bad:
-            console.print(
-                f"[yellow]{system}: {len(bad)} link measurement(s) out of tolerance "
-                f"(see the report)[/yellow]"
-            )
-        write_atomic(out / "cost.json", json.dumps(system_cost(deployment, scenario)))
-        with console.status(f"[bold]{system}[/bold]: warm-up requests"):
-            warm_up(deployment, scenario, out)
+        bring_up(deployment, scenario, out, console)
         t0 = time.monotonic()
         total = _requests_in(trace, scenario.workload.max_requests)
         events = deployment.scenario.network.wan_schedule
@@ -147,6 +132,28 @@ def _run_system(
     console.print(
         f"{system}: {_lines(out / 'client.jsonl')} requests in {time.monotonic() - t0:.0f} s"
     )
+
+
+def bring_up(deployment: Deployment, scenario: Scenario, out: Path, console: Console) -> None:
+    """A system ready for its load: deployment up, its links checked
+    (``link_check.json``), its cost (``cost.json``), the warm-up requests sent."""
+    system = deployment.system.name
+    with console.status(f"[bold]{system}[/bold]: bringing up the network, servers and router"):
+        deployment.up()
+    check = []  # an inventory's WAN is real: `testbed net check` is for emulated links
+    if deployment.net.emulated:
+        with console.status(f"[bold]{system}[/bold]: checking the links"):
+            check = [m.as_row() for m in check_network(deployment.net, seconds=3)]
+    write_atomic(out / "link_check.json", json.dumps(check, indent=2))
+    bad = [m for m in check if not m["ok"]]
+    if bad:
+        console.print(
+            f"[yellow]{system}: {len(bad)} link measurement(s) out of tolerance "
+            f"(see the report)[/yellow]"
+        )
+    write_atomic(out / "cost.json", json.dumps(system_cost(deployment, scenario)))
+    with console.status(f"[bold]{system}[/bold]: warm-up requests"):
+        warm_up(deployment, scenario, out)
 
 
 def warm_up(deployment: Deployment, scenario: Scenario, out: Path) -> None:

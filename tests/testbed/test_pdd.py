@@ -427,6 +427,23 @@ def test_sglang_bench_serving_runs_unchanged_against_the_router(pdd, backend, tm
     assert abs(client_ms - router_ms) <= max(60, 0.3 * router_ms), (client_ms, router_ms)
 
 
+def test_bench_peers_runs_bench_serving_from_the_client_host_and_joins_the_records(pdd, tmp_path):
+    """``make bench-peers``' measurement on one system: SGLang's tool in the client host
+    against the router, every prompt completed, its ITL and TTFT read, and the router's
+    records of the same requests say which pipelines they took (the shared system
+    prompt's first request crosses the WAN whole: relayed)."""
+    from rich.console import Console
+
+    from testbed.bench import peers
+
+    load = peers.PeerLoad(groups=1, per_group=4, system_prompt_len=600, output_len=12, rate=4)
+    row = peers.measure(pdd, tmp_path, load, Console(quiet=True))
+    assert row["completed"] == 4 and row["records"] == 5  # the tool's warm-up request too
+    assert 0 < row["median_itl_ms"] <= row["p99_itl_ms"]
+    assert 0 < row["median_ttft_ms"] <= row["p99_ttft_ms"]
+    assert "P->RLD->MD" in row["pipelines"], row
+
+
 # Last in this module: it kills the deployment's relay and main decode servers.
 def test_zz_relay_decode_killed_mid_stream_main_decode_takes_over_then_md_killed(pdd, colocated):
     """kill -9 of relay decode mid-stream: main decode, which holds the KV, takes over
