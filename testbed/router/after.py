@@ -65,10 +65,13 @@ class AfterRequest:
         """The prompt's KV is on its way to main decode (P->MD, P->RLD->MD): MD caches
         it once it lands, before this turn's exchange settles there, so the session's
         next turn, routed while this one still decodes, is predicted with it (without:
-        a next turn predicted 336 uncached tokens on the WAN where MD lacked 17)."""
+        a next turn predicted 336 uncached tokens on the WAN where MD lacked 17). Only
+        for the session's own next turn: another session's prompt routed meanwhile may
+        share its prefix, but its transfer runs beside this one's and MD has neither
+        yet (so counted, the opening burst's 10 MB transfers were predicted at 0.4 s)."""
         prompt = body.get("input_ids")
         if route.pipeline in KV_TO_MAIN_DECODE and isinstance(prompt, list):
-            self.mirror.add(prompt, session)
+            self.mirror.add(prompt, session, shared=False)
 
     def after(
         self, route: Route | None, body: dict, record: RequestRecord, done: asyncio.Future | None

@@ -37,7 +37,9 @@ class PrefixMirror:
         self.recent.clear()
         self._tokens = 0
 
-    def add(self, tokens: list[int], session: str | None) -> None:
+    def add(self, tokens: list[int], session: str | None, shared: bool = True) -> None:
+        """MD caches ``tokens`` (``shared``: for every session's prompts to match; else
+        only for the session's own next turn)."""
         ids = np.asarray(tokens, dtype=np.int32)[: self.capacity_tokens]
         if session:
             old = self.by_session.pop(session, None)
@@ -46,9 +48,8 @@ class PrefixMirror:
             while self._tokens > self.capacity_tokens:
                 _, dropped = self.by_session.popitem(last=False)
                 self._tokens -= len(dropped)
-        # a turn's prompt (routed), then its exchange (done): the exchange replaces it
-        kept = [c for c in self.recent if common_prefix(c, ids) < len(c)]
-        self.recent = [ids, *kept][: self.capacity]
+        if shared:
+            self.recent = [ids, *self.recent[: self.capacity - 1]]
 
     def predicted_hit(self, prompt: list[int], session: str | None) -> int:
         candidates = list(self.recent)
