@@ -81,7 +81,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from protocol.kv import POOL_REUSE_S
 from protocol.records import TransferRecord
@@ -151,6 +151,7 @@ class _Idle:
     room: int  # the transfer that returned it
     window: Congestion  # its congestion state: the Done frame's, then the sender's log's
     since: float
+    conn: str | None = None  # which connection: its decode end, as the sender's log names it
 
 
 @dataclass
@@ -201,9 +202,11 @@ class WanLine:
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[_Idle] = []  # idle connections
-        self.ended: dict[int, Congestion] = {}  # senders' end windows read before settle
+        # senders' end windows (and connections) read before the receiver's settle
+        self.ended: dict[int, tuple[Congestion, str]] = {}
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
         self.leads: deque[float] = deque(maxlen=32)  # routed to decode's checkout (seconds)
+        self.lags: deque[float] = deque(maxlen=32)  # routed to the first byte (seconds)
         self._as_of = clock()
 
     @property
@@ -236,23 +239,40 @@ class WanLine:
         return share if self._loss_free_left(o) else min(share, self.lossy_rate)
 
     def _drain(self, now: float) -> None:
-        """Advance the fluid model to ``now``: active transfers share the goodput."""
+        """Advance the fluid model to ``now``."""
         for room in [r for r, o in self.outstanding.items() if now - o.started > STALE_S]:
             del self.outstanding[room]  # its transfer never ran (the request failed first)
-        elapsed, self._as_of = max(0.0, now - self._as_of), now
-        active = [o for o in self.outstanding.values() if o.left > 0]
-        while elapsed > 0 and active:
-            share = self.goodput / len(active)
+        self._advance(list(self.outstanding.values()), self._as_of, now)
+        self._as_of = max(self._as_of, now)
+
+    def _advance(self, items: list[_Outstanding], t: float, until: float) -> None:
+        """Drain ``items`` from ``t`` to ``until``: each begins ``lag_s`` after it was
+        routed, and those begun share the goodput."""
+        lag = self.lag_s
+        while t < until:
+            active = [o for o in items if o.left > 1e-6 and o.started + lag <= t + 1e-9]
+            waiting = [
+                o.started + lag - t for o in items if o.left > 1e-6 and o.started + lag > t + 1e-9
+            ]
+            if not active and not waiting:
+                return
+            share = self.goodput / max(1, len(active))
             rates = [self._flow_rate(o, share) for o in active]
-            until = [  # each transfer's next event: done, or the end of its loss-free run
+            events = [  # each transfer's next event: done, or the end of its loss-free run
                 min(o.left, self._loss_free_left(o) or o.left) / r
                 for o, r in zip(active, rates, strict=True)
             ]
-            step = min(elapsed, *until)
+            step = min(until - t, *events, *waiting)
             for o, r in zip(active, rates, strict=True):
                 o.left = max(0.0, o.left - step * r)
-            elapsed -= step
-            active = [o for o in active if o.left > 1e-6]
+            t += step
+
+    def _at(self, t: float) -> list[_Outstanding]:
+        """Copies of the outstanding transfers as the model expects them at ``t`` (after
+        the model's now)."""
+        items = [replace(o) for o in self.outstanding.values()]
+        self._advance(items, self._as_of, t)
+        return items
 
     def backlog(self, now: float | None = None) -> float:
         """Bytes still on the line (queued or in flight), drained to ``now``."""
@@ -264,6 +284,12 @@ class WanLine:
         """How long after routing decode checks a connection out (median of recent)."""
         return statistics.median(self.leads) if self.leads else 0.0
 
+    @property
+    def lag_s(self) -> float:
+        """How long after routing a transfer's first byte arrives (median of recent):
+        decode's checkout, prefill's compute, the first byte's way across."""
+        return statistics.median(self.lags) if self.lags else 0.0
+
     def _window(self, now: float, taker: int | None = None) -> Congestion:
         """The congestion window the next transfer's connection has (``taker``: the
         transfer that checks it out). Decode takes the warmest idle connection when its
@@ -271,12 +297,11 @@ class WanLine:
         one of a transfer the model sees ending by then; without any, a new
         connection's."""
         self.pool = [c for c in self.pool if now - c.since < self.pool_reuse_s]
-        active = [o for o in self.outstanding.values() if o.left > 0]
-        share = self.goodput / max(1, len(active))
+        at_checkout = self._at(now + self.lead_s)
         freed = [
             o
-            for o in self.outstanding.values()
-            if o.promised_to is None and o.left / share <= self.lead_s
+            for o, later in zip(self.outstanding.values(), at_checkout, strict=True)
+            if o.promised_to is None and later.left <= 1e-6
         ]
         best_idle = max(self.pool, key=lambda c: (c.window.cwnd, c.since), default=None)
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
@@ -302,8 +327,11 @@ class WanLine:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
         if not own_bytes:
             return 0.0
-        shared = sum(min(o.left, own_bytes) for o in self.outstanding.values())
-        window = self._window(self.clock())
+        now = self.clock()
+        self._drain(now)
+        # those still on the line when this transfer's first byte comes share it
+        shared = sum(min(o.left, own_bytes) for o in self._at(now + self.lag_s))
+        window = self._window(now)
         return window.extra_s(own_bytes, self.rate, self.rtt) + max(
             (own_bytes + shared) / self.goodput,
             own_bytes / self.goodput + self.loss_s(own_bytes),
@@ -328,6 +356,7 @@ class WanLine:
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return  # a failed transfer's connection is closed, not pooled
         self.leads.append(max(0.0, record.start - item.started))
+        self.lags.append(max(0.0, record.end - record.seconds - item.started))
         # The sender's window as it ended (the Done frame), else the model's guess.
         if record.cwnd_end_bytes:
             window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
@@ -337,7 +366,8 @@ class WanLine:
         # decode checked one out for it (else decode took another, and it idles now).
         taker = self.outstanding.get(item.promised_to) if item.promised_to is not None else None
         if taker is None or record.end > taker.started + self.lead_s:
-            self.pool.append(_Idle(room, self.ended.pop(room, window), self._as_of))
+            window, conn = self.ended.pop(room, (window, None))
+            self._returned(_Idle(room, window, self._as_of, conn))
         self._forget_ended()
         first, end = record.end - record.seconds, record.end
         shared = any(f < end and first < e for f, e in self.recent) or any(
@@ -370,10 +400,23 @@ class WanLine:
         window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
         for idle in self.pool:
             if idle.room == room:
-                idle.window = window
+                idle.window, idle.conn = window, record.peer
+                self._returned(idle)
                 return
         if room in self.outstanding:  # the receiver's line is not read yet
-            self.ended[room] = window
+            self.ended[room] = (window, record.peer)
+
+    def _returned(self, idle: _Idle) -> None:
+        """``idle`` is back in the pool: an entry the model still holds for the same
+        connection is a ghost (the model thought a transfer took another connection, or
+        a new one, where decode reused this one), and goes. Without it the model's pool
+        grew by one entry per guess: on hetero run L it held 19 connections where decode
+        had three, and gave transfers the 0.9 MB window one of them had before its losses
+        (predicted 0.3 s where a 0.23 MB window took 1.5 s)."""
+        if idle not in self.pool:
+            self.pool.append(idle)
+        if idle.conn is not None:
+            self.pool = [c for c in self.pool if c is idle or c.conn != idle.conn]
 
     def _forget_ended(self) -> None:
         """Drop senders' windows whose transfers the model no longer has."""

@@ -254,20 +254,25 @@ def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(i
     line.start(room=1, nbytes=MB)
     routed = clock.now
     clock.now += 5.0
-    record = settled(1, MB, 1.0, end=clock.now, start=routed + 2.0, cwnd_end_bytes=2 * MB)
+    # decode checked the connection out 2 s after routing; the first byte came then
+    record = settled(1, MB, 3.0, end=clock.now, start=routed + 2.0, cwnd_end_bytes=2 * MB)
     line.settle(1, record)
-    assert line.lead_s == pytest.approx(2.0)
-    line.start(room=2, nbytes=in_flight)  # takes the pooled connection
-    window = (2 * MB + in_flight) if in_flight / rate <= line.lead_s else INITIAL_WINDOW
+    assert line.lead_s == pytest.approx(2.0) and line.lag_s == pytest.approx(2.0)
+    line.start(room=2, nbytes=in_flight)  # takes the pooled connection; begins in 2 s
+    clock.now += 1.5  # the next transfer's checkout comes 3.5 s after room 2's routing
+    freed = line.lag_s + in_flight / line.goodput <= 1.5 + line.lead_s
+    window = (2 * MB + in_flight) if freed else INITIAL_WINDOW
     expected = slow_start_s(MB, rate, rtt, window=min(window, rate * rtt))
-    shared = (MB + MB) / line.goodput  # the in-flight transfer shares the line meanwhile
+    # what room 2 has left at this one's first byte (it has run 1.5 s by then) shares
+    left = 0.0 if freed else in_flight - 1.5 * line.goodput
+    shared = (MB + min(left, MB)) / line.goodput
     assert line.predict(MB).seconds == pytest.approx(expected + shared)
     line.start(room=3, nbytes=50 * MB)  # ... and gets the freed connection, if any
     cold = slow_start_s(MB, rate, rtt)
     assert line.predict(MB).seconds >= cold  # no second promise
     clock.now += 1.0  # back before decode checks one out for room 3 (lead_s = 2 s)
     line.settle(2, settled(2, in_flight, 1.0, end=clock.now, start=clock.now - 3.0))
-    assert len(line.pool) == (0 if in_flight / rate <= 2.0 else 1)  # promised, not pooled
+    assert len(line.pool) == (0 if freed else 1)  # promised, not pooled
 
 
 def test_a_promised_connection_back_after_its_taker_checked_out_goes_to_the_pool():
