@@ -4,6 +4,8 @@ follows a changed rate."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from protocol.records import TransferRecord
@@ -406,3 +408,46 @@ def test_a_lossless_transfer_teaches_the_goodput_and_a_lossy_one_what_a_loss_cos
     assert line.goodput == pytest.approx(7.5 * MB)
     assert line.loss_cost.value == pytest.approx((0.1 + 0.05) / 2)
     assert line.loss_s(MB) == 0  # within the loss-free run: most such flows lose nothing
+
+
+def test_the_pool_holds_one_entry_per_connection_the_senders_log_names():
+    """The model gave room 2 a new connection (room 1 looked busy past room 2's
+    checkout), but decode reused room 1's: once the sender's log names the connection
+    room 2 ran on, the entry room 1 left for it is a ghost and goes, and the next
+    transfer starts from the window room 2 left (a ghost with room 1's larger window
+    predicted a 0.4 MB transfer at 0.3 s where it took 1.5 s on hetero)."""
+    clock = Clock()
+    rate, rtt = 10 * MB, 1.0
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    line.start(room=1, nbytes=100 * MB)
+    line.start(room=2, nbytes=MB)  # nothing idle, nothing freed in time: a new one
+    conn = "10.0.2.10:40000"
+
+    def logs(room: int, cwnd: int) -> None:
+        line.settle(room, settled(room, MB, 1.0, end=clock.now, cwnd_end_bytes=cwnd))
+        line.sender_end(room, replace(settled(room, MB, 1.0, cwnd_end_bytes=cwnd), peer=conn))
+
+    clock.now += 5.0
+    logs(1, 900_000)
+    clock.now += 1.0
+    logs(2, 200_000)
+    assert [(c.conn, c.window.cwnd) for c in line.pool] == [(conn, 200_000)]
+    expected = slow_start_s(MB, rate, rtt, 200_000) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(expected)
+
+
+def test_a_routed_transfer_drains_only_from_when_its_first_byte_is_due():
+    """Decode checks its connection out and prefill computes before the first byte
+    leaves: bytes routed a moment ago are all still ahead (drained from routing, the
+    model saw a transfer routed with others half done before any had begun)."""
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.01, clock=clock)
+    line.start(room=1, nbytes=MB)
+    clock.now += 3.0  # first byte 2 s after routing, last 1 s later
+    line.settle(1, settled(1, MB, 1.0, end=clock.now, start=clock.now - 2.0))
+    assert line.lag_s == pytest.approx(2.0)
+    line.start(room=2, nbytes=10 * MB)
+    clock.now += 1.5
+    assert line.backlog() == pytest.approx(10 * MB)  # not begun yet
+    clock.now += 1.0
+    assert line.backlog() == pytest.approx(10 * MB - 0.5 * line.goodput)
