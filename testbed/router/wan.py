@@ -23,7 +23,10 @@ it share the rate equally (processor sharing), so a transfer of ``s`` bytes amon
 others with ``r_i`` bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``;
 each transfer's remaining bytes drain that way between events (measured here: a
 small transfer behind a large one is barely slower, as TCP shares the line, where a
-first-come-first-served backlog predicted it ten times slower).
+first-come-first-served backlog predicted it ten times slower), from when its first
+byte is due: ``lag_s`` after routing, the median of recent transfers (decode's
+checkout, prefill's compute, the way across; drained from routing, the model saw
+transfers half done before any had begun, and connections free that were not).
 
 One flow alone pays, on top of its bytes at the goodput:
 
