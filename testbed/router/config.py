@@ -85,6 +85,14 @@ class PddConfig(BaseModel):
         "once main decode has decoded this many tokens after the handoff and, at the pace "
         "they measured, reaches the client before the queued tokens run out.",
     )
+    switch_settle_tokens: int = Field(
+        2,
+        ge=0,
+        description="Relay decode keeps streaming until main decode, caught up with the "
+        "client, has also decoded this many tokens after its first chunk past the handoff: "
+        "its first steps with the request in its batch run slow, and the client is served "
+        "from relay decode meanwhile.",
+    )
     switch_limit_tokens: int = Field(
         48,
         ge=1,

@@ -4,6 +4,7 @@ in the client's stream (greedy requests; see :func:`switch_streams`)."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 from collections import deque
 
@@ -20,8 +21,10 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     instead of stopping for the takeover.
 
     Relay decode's request is aborted (``close_rld``) once main decode has every
-    token the client has; before that, once main decode at its measured pace would
-    reach what the router holds before the client has been served what is queued;
+    token the client has and has decoded ``switch_settle_tokens`` since its first
+    chunk (its first steps with the request run slow); before that, once main decode
+    at its recent pace would reach what the router holds before the client has been
+    served what is queued;
     and at the latest once main decode has decoded ``switch_limit_tokens`` (relay
     decode is a stage and must free its slot). The tokens still queued after the stop
     are spaced so that they last until main decode reaches them: the client's wait
@@ -53,7 +56,13 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # after the switch (a faster main decode then catches up with relay decode's)
             known = md_pace.tokens >= req.p.pdd.switch_tokens
             pace = req.p.pdd.switch_pace * (md_pace.seconds_for(1) if known else expected)
-            caught_up = not md_failed and md_count >= len(req.tokens)
+            # main decode has every token the client has, and its first steps with the
+            # request in its batch are behind it (default run N: the one or two after
+            # its final extend took 55-80 ms where it then ran at 35; with relay decode
+            # stopped at main decode's first chunk, the client waited on them, and that
+            # was the handoff's longest gap)
+            settled = md_pace.tokens >= req.p.pdd.switch_settle_tokens
+            caught_up = not md_failed and settled and md_count >= len(req.tokens)
             in_time = (
                 not md_failed
                 and known
@@ -143,16 +152,23 @@ def greedy(body: dict) -> bool:
 
 
 class _Pace:
-    """Main decode's pace after the handoff, from the counts its chunks carry."""
+    """Main decode's pace after the handoff, from the counts its chunks carry: the
+    median per-token interval of its last few chunks (since its first chunk, the slow
+    steps with the request new in its batch stretched it for the rest of the switch,
+    and the client was spaced at up to three of its later intervals)."""
 
-    def __init__(self) -> None:
+    def __init__(self, window: int = 5) -> None:
         self.first: tuple[int, float] | None = None  # (count, time) of its first chunk
-        self.last: tuple[int, float] | None = None
+        self.recent: deque[tuple[int, float]] = deque(maxlen=window)
 
     def add(self, count: int) -> None:
         now = time.monotonic()
         self.first = self.first or (count, now)
-        self.last = (count, now)
+        self.recent.append((count, now))
+
+    @property
+    def last(self) -> tuple[int, float] | None:
+        return self.recent[-1] if self.recent else None
 
     @property
     def tokens(self) -> int:
@@ -161,19 +177,19 @@ class _Pace:
 
     def seconds_until(self, tokens: int) -> float:
         """How long from now until it has decoded ``tokens`` more than its last chunk's
-        count, at its pace so far (its next token is due one interval after that chunk)."""
+        count, at its recent pace (its next token is due one interval after that chunk)."""
         if not self.tokens:
             return float("inf")
         due = self.last[1] + self.seconds_for(tokens)
         return max(0.0, due - time.monotonic())
 
     def seconds_for(self, tokens: int) -> float:
-        """How long it takes to decode ``tokens`` more at its pace so far."""
+        """How long it takes to decode ``tokens`` more at its recent pace."""
         if tokens <= 0:
             return 0.0
-        if not self.tokens:
-            return float("inf")
-        return tokens * (self.last[1] - self.first[1]) / self.tokens
+        pairs = zip(self.recent, list(self.recent)[1:], strict=False)
+        steps = [(t2 - t1) / (c2 - c1) for (c1, t1), (c2, t2) in pairs if c2 > c1]
+        return tokens * statistics.median(steps) if steps else float("inf")
 
 
 def _itl(token_times: list[float]) -> float:

@@ -139,3 +139,29 @@ def test_waiting_for_a_main_decode_still_behind_counts_as_the_handoff_gap():
     assert req.tokens == [100 + i for i in range(TOTAL)]
     assert req.longest_gap >= 8 * 0.06  # ten tokens behind main decode's first chunk
     assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
+
+
+async def steps(first: int, seconds: list[float]):
+    """Chunks with counts ``first``..TOTAL, the i-th after ``seconds[i]`` (the last
+    repeats)."""
+    for i, count in enumerate(range(first, TOTAL + 1)):
+        await asyncio.sleep(seconds[min(i, len(seconds) - 1)])
+        yield chunk(count)
+
+
+def test_relay_decode_serves_the_client_through_main_decodes_slow_first_steps():
+    """Main decode's first chunk after the final extend has every token the client
+    has, but its next steps, with the request new in its batch, run slow: relay decode
+    keeps serving the client through them (stopped at that first chunk, the client
+    waited a slow step of main decode's, three of relay decode's intervals)."""
+    req = Request(itl_s=0.05)
+    slow_start = [0.01, 0.15, 0.15, 0.03]  # first chunk at once, two slow steps, then fast
+    assert not run(req, stream(EAGER + 1, 0.05), steps(EAGER, slow_start))
+    assert req.tokens == [100 + i for i in range(TOTAL)] and req.record.decode_server == "md"
+    # the first gap is the stand-in's own two intervals (the last eager token one
+    # interval before the switch, relay decode's next one after); stopped at main
+    # decode's first chunk, the client then waited 0.15 s, then 0.21 s
+    assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
+    assert req.longest_gap < 2.5 * 0.05
+    later = [b - a for a, b in zip(req.sent[EAGER:], req.sent[EAGER + 1 :], strict=False)]
+    assert max(later) < 1.6 * 0.05  # never slower than the paced relay stream (1.25x)
