@@ -219,9 +219,9 @@ class Router:
                 dual_path=route.pipeline == Pipeline.P_RLD_MD,
                 early_start=route.pipeline == Pipeline.P_MD,
             )
-        self._on_wan(route, record)
+        on_line = self._on_wan(route, record)
         if self.after is not None:
-            self.after.routed(route, body, record.session_id)
+            self.after.routed(route, body, record.session_id, record.room if on_line else None)
         busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
         for name in busy:
             self.loads.in_flight[name] += 1
@@ -320,17 +320,22 @@ class Router:
             return
         if side == "decode" and log in self._wan_logs:
             self.policy.wan.settle(transfer.room, transfer)
+            if self.after is not None:
+                self.after.landed(transfer.room, transfer.ok)
         elif side == "prefill" and transfer.peer.rsplit(":", 1)[0] in self._far_hosts:
             self.policy.wan.sender_end(transfer.room, transfer)
 
-    def _on_wan(self, route: Route, record: RequestRecord) -> None:
+    def _on_wan(self, route: Route, record: RequestRecord) -> bool:
         """A request whose KV crosses the WAN: its prediction goes into the record, and
-        its bytes onto the line's backlog until the receiver's log settles them."""
+        its bytes onto the line's backlog until the receiver's log settles them (True
+        if any did)."""
         if route.wan is None:
-            return
+            return False
         record.predicted_wan_s = route.wan.seconds
         record.wan_queued_bytes = route.wan.queued_bytes
         record.wan_goodput_bytes_s = route.wan.goodput_bytes_s
         crosses = route.prefill is not None and route.kv_server.site != route.prefill.site
         if crosses and route.wan.own_bytes and self.policy.wan is not None:
             self.policy.wan.start(record.room, route.wan.own_bytes)
+            return True
+        return False

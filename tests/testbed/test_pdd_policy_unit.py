@@ -225,9 +225,12 @@ def test_a_turn_routed_to_main_decode_counts_in_the_next_turns_hit_before_it_end
     first = body(2000)
     route = p.choose(first, Loads(), "s")
     assert route.pipeline == Pipeline.P_RLD_MD
-    after.routed(route, first, "s")
+    after.routed(route, first, "s", landing=7)  # its KV still on the WAN: not on MD yet
     follow = {**first, "input_ids": first["input_ids"] + [9] * 100}
-    assert "100 uncached" in p.choose(follow, Loads(), "s").reason
+    assert "(2100 uncached" in p.choose(follow, Loads(), "s").reason
+    after.landed(7, ok=True)  # MD's receiver logged it
+    assert "(100 uncached" in p.choose(follow, Loads(), "s").reason
+    assert not after.landing
 
     alone = body(3000, start=5000)
     rld_only = p.choose(alone, Loads(), "t", pinned=Pipeline.RLD_ONLY)
