@@ -50,14 +50,16 @@ def faithful(run: RunData) -> dict[str, bool]:
 
 
 def cpu_shares(run: RunData) -> pd.DataFrame:
-    """Per system, each process's share of a CPU over its life, by host and kind."""
+    """Per system, each process's share of a CPU during the load (over its life in
+    runs stored before the load's share was recorded, and for Locust), by host and
+    kind."""
     rows = [
         {
             "system": name,
             "host": r["host"],
             "process": r["process"],
             "cpus": ",".join(map(str, r["cpus"])),
-            "share": r["share"],
+            "share": r.get("load_share", r["share"]),
         }
         for name, s in run.systems.items()
         for r in s.cpu

@@ -13,9 +13,18 @@ import psutil
 from topologies.netns import pids_in
 
 
-def processes(net) -> list[dict]:
+def mark(net) -> dict:
+    """Every process's CPU seconds now, by pid, and when: the baseline from which
+    ``processes`` measures the load's window."""
+    return {"time": time.time(), "cpu_s": {r["pid"]: r["cpu_s"] for r in processes(net)}}
+
+
+def processes(net, since: dict | None = None) -> list[dict]:
     """Every process in the network's namespaces: host, what it is, its CPUs, its CPU
-    seconds so far and its share of one CPU since it started."""
+    seconds so far and its share of one CPU since it started; with ``since`` (a
+    ``mark``), also its CPU seconds and share from then (``load_cpu_s``,
+    ``load_share``): over its life, start-up (imports, model load, warm-up) counts
+    too, about 10 s of CPU for each SGLang process whatever the load."""
     rows, now = [], time.time()
     for host in net.hosts + _gateways(net):
         for pid in pids_in(net.ns(host)):
@@ -31,12 +40,18 @@ def processes(net) -> list[dict]:
                             "cpus": sorted(p.cpu_affinity()),
                             "cpu_s": t.user + t.system,
                             "wall_s": now - p.create_time(),
+                            "created": p.create_time(),
                         }
                     )
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
     for r in rows:
         r["share"] = r["cpu_s"] / r["wall_s"] if r["wall_s"] > 0 else 0.0
+        created = r.pop("created")
+        if since is not None:  # a process started after the mark counts from its start
+            wall = now - max(since["time"], created)
+            r["load_cpu_s"] = r["cpu_s"] - since["cpu_s"].get(r["pid"], 0.0)
+            r["load_share"] = r["load_cpu_s"] / wall if wall > 0 else 0.0
     return rows
 
 

@@ -88,6 +88,7 @@ class Deployment:
         if inventory is not None and scenario.servers.frame_auth:  # the hosts' key
             self.frame_key = read_frame_key(inventory.frame_key_file)
         self.tls_env: dict[str, str] = {}  # servers.tls: the certificate's paths, once made
+        self.cpu_mark: dict | None = None  # each process's CPU seconds when the load started
         self.stopped = False
 
     @property
@@ -168,11 +169,18 @@ class Deployment:
             found += self.mirror.problems()
         return found + self.net.problems()
 
+    def mark_cpu(self) -> None:
+        """The load starts: cpu.json gives each process's share from now on too."""
+        try:
+            self.cpu_mark = cpu_share.mark(self.net)
+        except Exception:  # accounting must never stop a run
+            self.cpu_mark = None
+
     def _write_cpu_shares(self) -> None:
         """cpu.json: each process's CPU seconds and share, the testbed's own beside the
         servers' (best effort: a deployment that never came up has none)."""
         try:
-            rows = cpu_share.processes(self.net)
+            rows = cpu_share.processes(self.net, self.cpu_mark)
         except Exception:  # accounting must never stop a teardown
             return
         if rows:

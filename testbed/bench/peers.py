@@ -115,6 +115,7 @@ def run_system(scenario: Scenario, system: str, out: Path, console: Console, loa
     deployment = Deployment(scenario, system, out, NET_NAME)
     try:
         bring_up(deployment, scenario, out, console)
+        deployment.mark_cpu()  # cpu.json: each process's share during the tool's load
         row = measure(deployment, out, load, console)
     finally:
         deployment.down()

@@ -99,6 +99,7 @@ def _run_system(
         events = deployment.scenario.network.wan_schedule
         schedule = WanSchedule(deployment.net, events, out / "wan_schedule.jsonl")
         load = Load(deployment.net, deployment.router_url, trace, scenario.workload, out, ui_port)
+        deployment.mark_cpu()  # cpu.json: each process's share during the load too
         load.start()
         if load.ui_url:
             console.print(f"{system}: Locust's web UI at {load.ui_url} (PDD tab included)")
