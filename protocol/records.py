@@ -9,7 +9,8 @@ record                 written by                file
 ``PassRecord``         the pacing hook           ``pacing-<server>.jsonl``
 =====================  ========================  =====================================
 
-Times are wall-clock seconds (``time.time()``), the same clock every process on the
+Times are wall-clock seconds (``protocol.clock.now()``: anchored to the wall clock, advancing
+like the monotonic one), the same clock every process on the
 host uses, so router, server and transfer logs line up.
 """
 

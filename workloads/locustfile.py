@@ -28,7 +28,6 @@ import itertools
 import json
 import logging
 import os
-import time
 import uuid
 
 import gevent
@@ -37,7 +36,7 @@ from locust import User, events, task
 from locust.exception import StopUser
 from locust.runners import MasterRunner, WorkerRunner
 
-from protocol import headers
+from protocol import clock, headers
 from protocol.metrics import Metric
 from protocol.records import JsonlWriter
 from workloads.client import generate_payload
@@ -217,7 +216,7 @@ class TraceUser(User):
             request_id=f"{req.request_id}-{uuid.uuid4().hex[:6]}",
             session_id=req.session_id,
             turn=req.turn,
-            sent=time.time(),
+            sent=clock.now(),
             prompt_tokens=len(prompt),
             expected_output_tokens=req.output_length,
         )
@@ -240,11 +239,11 @@ class TraceUser(User):
                         "error",
                         f"HTTP {resp.status_code}: {resp.text[:300]}",
                     )
-                    record.finish = time.time()
+                    record.finish = clock.now()
                 else:
                     output = consume_stream(resp.iter_lines(decode_unicode=True), record)
         except Exception as exc:  # a dead connection is an error row, not a crash
-            record.status, record.error, record.finish = "error", repr(exc)[:300], time.time()
+            record.status, record.error, record.finish = "error", repr(exc)[:300], clock.now()
         self._report(record)
         _Shared.sink.write(record)
         return record, output
@@ -252,7 +251,7 @@ class TraceUser(User):
     def _report(self, r: ClientRecord) -> None:
         name, env = "/generate", self.environment
         if r.status != "ok":
-            _fire(name, Metric.E2E, (r.finish or time.time()) - r.sent, 0, RuntimeError(r.error))
+            _fire(name, Metric.E2E, (r.finish or clock.now()) - r.sent, 0, RuntimeError(r.error))
             return
         _fire(name, Metric.E2E, r.e2e, r.output_tokens)
         _log_beside(env, name, Metric.TTFT, r.ttft)
@@ -317,12 +316,12 @@ class TraceUser(User):
             (r for s in _Shared.sessions for r in s), key=lambda r: r.arrival_s or 0.0
         )
         times = arrival_times(requests, options.arrival, options.rate, options.token_seed)
-        start = time.time()
+        start = clock.now()
         pool = []
         for req, at in zip(requests, times, strict=True):
             if not self._budget_left():
                 break
-            delay = at / options.speedup - (time.time() - start)
+            delay = at / options.speedup - (clock.now() - start)
             if delay > 0:
                 gevent.sleep(delay)
             prompt = _Shared.synth.tokens(req.hash_ids, req.input_length)

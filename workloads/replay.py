@@ -9,9 +9,9 @@ replay sends each request at its arrival time with its prompt built from blocks 
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 
+from protocol import clock
 from protocol.records import TokenTimes
 from protocol.stream import StreamError
 from workloads.client import iter_new_tokens
@@ -66,14 +66,14 @@ def consume_stream(lines, record: ClientRecord) -> list[int]:
     try:
         for new, _ in iter_new_tokens(lines):
             if new:
-                now = time.time()
+                now = clock.now()
                 output.extend(new)
                 record.token_times.extend([now] * len(new))
                 record.first_token = record.first_token or now
     except StreamError as exc:
         record.status, record.error = "error", str(exc)
     record.output_tokens = len(output)
-    record.finish = time.time()
+    record.finish = clock.now()
     if record.status == "ok" and record.output_tokens < record.expected_output_tokens:
         record.status, record.error = "error", "stream ended early"
     return output

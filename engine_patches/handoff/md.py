@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from protocol import tls
+from protocol import clock, tls
 from protocol.env import Env
 from protocol.frames import (
     MsgType,
@@ -103,14 +103,14 @@ class HandoffService:
                 if kind == MsgType.HANDOFF:
                     Handoff.decode(bytes(body))  # malformed: refused here, not in the scheduler
                 rooms.add(room)
-                self.commands.put((conn, kind, room, bytes(body), time.time()))
+                self.commands.put((conn, kind, room, bytes(body), clock.now()))
         except Exception as exc:  # gone, silent or malformed: the connection ends
             if not isinstance(exc, OSError):
                 logger.warning("handoff: closing a connection: %r", exc)
             # The router went away: its rooms' parked requests are of no use now.
             gone = b"router closed the connection"
             for room in rooms:
-                self.commands.put((None, MsgType.RELEASE, room, gone, time.time()))
+                self.commands.put((None, MsgType.RELEASE, room, gone, clock.now()))
             conn.close()
             self.connections.release()
 
@@ -183,7 +183,7 @@ class HandoffService:
         self, conn, room: int, parked: Parked, msg: Handoff, frame_bytes: int, received: float
     ) -> None:
         start = time.monotonic()
-        started_at = time.time()
+        started_at = clock.now()
         req = parked.req
         limit = req.sampling_params.max_new_tokens
         if limit is not None and len(req.output_ids) + len(msg.tokens) > limit:
@@ -222,8 +222,8 @@ class HandoffService:
                 extend_forwards=parked.extend_forwards,
                 received=received,
                 queued_s=started_at - received,
-                extended_at=time.time(),
-                time=time.time(),
+                extended_at=clock.now(),
+                time=clock.now(),
             )
         )
 

@@ -18,13 +18,13 @@ import contextlib
 import logging
 import socket
 import threading
-import time
 
 import numpy as np
 from sglang.srt.disaggregation.base.conn import BaseKVReceiver, KVPoll
 
 from engine_patches.kv_transfer.manager import TcpKVManager
 from engine_patches.kv_transfer.sender import KVTransferError
+from protocol import clock
 from protocol.frames import (
     MsgType,
     ProtocolError,
@@ -126,7 +126,7 @@ class TcpKVReceiver(BaseKVReceiver):
             room=self.room,
             side="decode",
             peer=self.bootstrap_addr,
-            start=time.time(),
+            start=clock.now(),
             decode_prefix_len=request.decode_prefix_len,
             page_size=mgr.page_size,
         )
@@ -166,7 +166,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 record.status, record.reason = "failed", self._reason
                 if self._sock is not None:
                     self._sock.close()
-            record.end = time.time()
+            record.end = clock.now()
             mgr.log.write(record)
 
     def _connect(self, attempt: int) -> bool:
@@ -194,7 +194,7 @@ class TcpKVReceiver(BaseKVReceiver):
         def mark_first_byte(kind: MsgType) -> None:
             progress["frames"] += 1
             if kind == MsgType.KV_CHUNK and record.first_byte is None:
-                record.first_byte = time.time()
+                record.first_byte = clock.now()
 
         limits = {MsgType.KV_CHUNK: max_chunk_body(mgr.pool.bytes_per_row)}
         while True:

@@ -36,6 +36,7 @@ import numpy as np
 from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransferMetric
 
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
+from protocol import clock
 from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame, tcp_state
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
@@ -74,7 +75,7 @@ class _Leg:
             room=self.sender.room,
             side="prefill",
             peer=self.incoming.peer,
-            start=time.time(),
+            start=clock.now(),
             decode_prefix_len=self.request.decode_prefix_len,
             page_size=mgr.page_size,
         )
@@ -188,7 +189,7 @@ class _Leg:
             part = pages[start : start + per_frame]
             payload = [t.numpy() for t in pool.read(part)]
             if self.record.first_byte is None:
-                self.record.first_byte = time.time()
+                self.record.first_byte = clock.now()
                 tcp = tcp_state(conn)
                 self.record.cwnd_bytes, self.record.ssthresh_bytes = tcp[:2]
                 self._retransmitted = tcp.retransmits
@@ -210,7 +211,7 @@ class _Leg:
         record = self.record
         if record is None or record.end is not None:
             return
-        record.end, record.status, record.reason = time.time(), status, reason
+        record.end, record.status, record.reason = clock.now(), status, reason
         self.sender.kv_mgr.log.write(record)
 
 

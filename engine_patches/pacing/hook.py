@@ -20,6 +20,7 @@ import time
 
 from capacity.pacing import Pacing
 from capacity.roofline import Batch
+from protocol import clock
 from protocol.env import Env
 from protocol.records import JsonlWriter, PassRecord
 
@@ -58,7 +59,7 @@ class Pacer:
             time.sleep(target - real)
         self.log.write(
             PassRecord(
-                time=time.time(),
+                time=clock.now(),
                 mode=mode,
                 seqs=len(shape.new_tokens),
                 new_tokens=sum(shape.new_tokens),

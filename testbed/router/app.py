@@ -22,13 +22,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 import uuid
 from pathlib import Path
 
 from aiohttp import ClientError, web
 
-from protocol import headers
+from protocol import clock, headers
 from protocol.names import Pipeline, Role
 from protocol.records import JsonlWriter, RequestRecord
 from protocol.rooms import new_room
@@ -168,7 +167,7 @@ class Router:
                 request_id=request.headers.get(headers.REQUEST_ID) or uuid.uuid4().hex,
                 system=self.config.system,
                 endpoint=request.path,
-                arrival=time.time(),
+                arrival=clock.now(),
             )
             message = f"the router has {limit} requests in flight; retry"
             return self._reject(record, Rejected(message, 503, "overloaded"))
@@ -183,7 +182,7 @@ class Router:
             request_id=uuid.uuid4().hex,
             system=self.config.system,
             endpoint=request.path,
-            arrival=time.time(),
+            arrival=clock.now(),
         )
         try:
             meta = check_headers(request.headers)
@@ -210,7 +209,7 @@ class Router:
                 self.after.after(None, body, record, turn_done)
             status = 503 if isinstance(exc, LookupError) else 400
             return self._reject(record, Rejected(str(exc), status))
-        record.dispatched = time.time()
+        record.dispatched = clock.now()
         record.pipeline, record.pipeline_reason = route.pipeline, route.reason
         record.decode_server = route.stream_from.name
         if route.prefill is not None:
@@ -237,7 +236,7 @@ class Router:
             if record.status == "ok":
                 switched = 0 < record.eager_tokens < record.output_tokens
                 self.loads.learn_itl(record.decode_server, record.token_times, switched)
-            record.finish = record.finish or time.time()
+            record.finish = record.finish or clock.now()
             if self.after is not None:
                 self.after.after(route, body, record, turn_done)
             late = self.unfinished_prefills.pop(id(record), None)
@@ -273,7 +272,7 @@ class Router:
     def _reject(self, record: RequestRecord, exc: Rejected) -> web.Response:
         """A refused request: a JSON error, and a record that says so."""
         record.status, record.error = "rejected", str(exc)[:500]
-        record.finish = time.time()
+        record.finish = clock.now()
         self.records.write(record)
         self.live.add(record)
         headers_ = {"Retry-After": "1"} if exc.status == 503 else None

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 
 from aiohttp import web
 
+from protocol import clock
 from protocol.records import RequestRecord
 from protocol.stream import DONE_LINE, Chunk, error_body, error_event
 
@@ -34,7 +34,7 @@ class ClientStream:
         self.last: dict | None = None
 
     async def emit(self, chunk: Chunk, new_tokens: int) -> None:
-        now = time.time()
+        now = clock.now()
         if new_tokens:
             self.record.token_times.extend([now] * new_tokens)
             self.record.first_token = self.record.first_token or now
@@ -55,7 +55,7 @@ class ClientStream:
             await self.response.write(line)
 
     async def finish(self) -> None:
-        self.record.finish = time.time()
+        self.record.finish = clock.now()
         if self.stream:
             if self.response is None:
                 self.response = web.StreamResponse(status=200)

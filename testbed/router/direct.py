@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 from aiohttp import web
 
+from protocol import clock
 from protocol.records import RequestRecord
 from protocol.stream import Chunk, OutputStream
 from testbed.router.client_stream import (
@@ -91,7 +91,7 @@ class DirectPipeline:
         try:
             if not body.get("stream") or upstream.status != 200:
                 text = await read_or_abort(read_or_abort(upstream.text(), abort_if), left)
-                record.finish = time.time()
+                record.finish = clock.now()
                 record_answer(record, text, upstream.status)
                 front = request.get(FRONT)
                 if front is not None and upstream.status == 200:
@@ -105,7 +105,7 @@ class DirectPipeline:
             out = OutputStream(native=upstream_path(request) == "/generate")
             try:
                 async for line in lines(upstream, abort_if):
-                    now = time.time()
+                    now = clock.now()
                     chunk = Chunk.parse(line)
                     new = out.feed(chunk)
                     if new:
@@ -130,7 +130,7 @@ class DirectPipeline:
                 record.output_tokens, record.output_ids = out.tokens, out.ids
             if out.error:
                 record.status, record.error = "upstream_error", out.error
-            record.finish = time.time()
+            record.finish = clock.now()
             return response
         except UpstreamError as exc:
             record.status, record.error = "upstream_error", str(exc)[:500]

@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 
 from aiohttp import ClientError, web
 
-from protocol import headers
+from protocol import clock, headers
 from protocol.names import HandoffMode, Pipeline
 from protocol.records import RequestRecord
 from protocol.rooms import md_rid
@@ -211,7 +210,7 @@ class RelayedRequest:
                 batch = tokens[1 + self.handed : 1 + self.handed + decision.tokens]
                 self.handed += len(batch)
                 batches += 1
-                sent = time.time()
+                sent = clock.now()
                 final = decision.action is Action.FINAL
                 record.handoff_bytes += await self.channel.handoff(batch, final=final)
                 if final:
@@ -233,7 +232,7 @@ class RelayedRequest:
             raise UpstreamError(f"{why}; {self.record.fallback}") from exc
         batch = self.tokens[1 + self.handed :]
         self.record.handoff_bytes += await self.channel.handoff(batch, final=True)
-        self.record.handoff_sent = time.time()
+        self.record.handoff_sent = clock.now()
         self.record.fallback = f"{why}; main decode took over"
         self.relay_died = True
         self.handed += len(batch)
@@ -291,7 +290,7 @@ class RelayedRequest:
             self.record.handoff_mismatch |= echoed[:n] != tokens[:n]
         new = chunk.new_ids(len(tokens))
         if new and self.record.handoff_s is None:  # the client-visible gap at the switch
-            self.record.handoff_s = time.time() - self.record.token_times[-1]
+            self.record.handoff_s = clock.now() - self.record.token_times[-1]
         tokens += new
         if new or chunk.finished or chunk.done:
             await self.out.emit(chunk, len(new))

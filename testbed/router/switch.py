@@ -8,6 +8,8 @@ import statistics
 import time
 from collections import deque
 
+from protocol import clock
+from testbed.router.policies import max_new_tokens
 from testbed.router.upstream import UpstreamError
 
 
@@ -28,7 +30,10 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     and at the latest once main decode has decoded ``switch_limit_tokens`` (relay
     decode is a stage and must free its slot). The tokens still queued after the stop
     are spaced so that they last until main decode reaches them: the client's wait
-    for a slower main decode is spread over them, not one stall. If main decode fails
+    for a slower main decode is spread over them, not one stall. While relay decode
+    will have decoded the whole request before main decode could take it over (see
+    :func:`_relay_decode_ends_it`), nothing is paced: the client keeps relay decode's
+    rhythm. If main decode fails
     meanwhile, relay decode finishes the request (``fallback``). Returns True if the
     client's stream ended here without main decode; main decode's side is then
     released here or, while it still decodes the request (its cache should hold the
@@ -75,8 +80,9 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                 rld_open = False
                 req.record.decode_server = req.route.main_decode.name
             # main decode still behind what the client will get (unless relay decode
-            # already has the whole request)
-            slow = not md_failed and not rld_finished and md_count < have
+            # already has, or is sure to have, the whole request)
+            rld_ends = rld_open and _relay_decode_ends_it(req, have, itl, expected, md_pace)
+            slow = not md_failed and not rld_finished and not rld_ends and md_count < have
             interval = pace
             if slow and not rld_open and queue:
                 # What is queued must last until main decode has the token after it: the
@@ -84,23 +90,23 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                 # tokens and that one (the switch's own gap).
                 wait = md_pace.seconds_until(have + 1 - md_count)
                 if wait != float("inf"):
-                    span = time.time() - last_sent + wait
+                    span = clock.now() - last_sent + wait
                     interval = max(pace, span / (len(queue) + 1))
-            if queue and (not slow or time.time() - last_sent >= interval):
+            if queue and (not slow or clock.now() - last_sent >= interval):
                 chunk = queue.popleft()
                 new = chunk.new_ids(len(req.tokens))
                 req.tokens += new
                 if switching:  # the client-visible gap while switching
-                    gap = time.time() - last_sent
+                    gap = clock.now() - last_sent
                     req.record.handoff_s = max(req.record.handoff_s or 0.0, gap)
                 await req.out.emit(chunk, len(new))
-                last_sent, finished = time.time(), chunk.finished or chunk.done
+                last_sent, finished = clock.now(), chunk.finished or chunk.done
                 switching = rld_open or md_failed or md_count < len(req.tokens)
                 continue
             waits = {t for t, open_ in ((from_rld, rld_open), (from_md, md_open)) if open_}
             if not waits:
                 break
-            timeout = max(0.0, last_sent + interval - time.time()) if queue else None
+            timeout = max(0.0, last_sent + interval - clock.now()) if queue else None
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             if rld_open and from_rld.done():
                 chunk = from_rld.result()
@@ -190,6 +196,22 @@ class _Pace:
         pairs = zip(self.recent, list(self.recent)[1:], strict=False)
         steps = [(t2 - t1) / (c2 - c1) for (c1, t1), (c2, t2) in pairs if c2 > c1]
         return tokens * statistics.median(steps) if steps else float("inf")
+
+
+def _relay_decode_ends_it(req, have: int, itl: float, expected: float, md_pace: _Pace) -> bool:
+    """Whether relay decode, at its own interval with the pace's margin, decodes the rest
+    of the request (up to its ``max_new_tokens``) before main decode has decoded
+    ``switch_limit_tokens`` after the handoff, the latest relay decode would be stopped:
+    no switch can then happen before the end, and spacing the client's tokens at main
+    decode's slower pace would only slow the stream (hetero run Q: 9 of 12 relayed
+    requests ended on relay decode, paced at main decode's interval all along)."""
+    if itl <= 0:
+        return False
+    left = max_new_tokens(req.body) - have
+    limit = req.p.pdd.switch_limit_tokens
+    # before main decode has streamed: its expected interval from now on
+    md_s = md_pace.seconds_until(limit - md_pace.tokens) if md_pace.tokens else limit * expected
+    return left * itl * req.p.pdd.switch_pace < md_s
 
 
 def _itl(token_times: list[float]) -> float:

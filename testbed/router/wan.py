@@ -82,10 +82,10 @@ load went at about 60% of it).
 from __future__ import annotations
 
 import statistics
-import time
 from collections import deque
 from dataclasses import dataclass, replace
 
+from protocol.clock import now
 from protocol.kv import POOL_REUSE_S
 from protocol.records import TransferRecord
 
@@ -187,7 +187,7 @@ class WanLine:
         rate_bytes_s: float,
         one_way_s: float = 0.0,
         samples: int = 16,
-        clock=time.time,
+        clock=now,
         loss: float = 0.0,
         pool_reuse_s: float = POOL_REUSE_S,
     ) -> None:

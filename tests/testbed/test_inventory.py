@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.sglang, pytest.mark.netns]
 
 PLACES = {"p1": "prefill", "rld1": "relay_decode", "md1": "main_decode"}
 AGENT_PORT = 30090
-PIN = {headers.HANDOFF_AT: "9", headers.HANDOFF_MODE: "one-shot"}
+PIN = {headers.PIPELINE: "P->RLD->MD", headers.HANDOFF_AT: "9", headers.HANDOFF_MODE: "one-shot"}
 
 
 def base_scenario() -> dict:
@@ -50,7 +50,8 @@ def base_scenario() -> dict:
 
 
 def requests_of(deployment: Deployment) -> list[tuple]:
-    """Two turns of one session (the second hits the caches), the first relayed with a
+    """Two turns of one session (the second hits the caches), the first relayed (pinned:
+    under the scenario's bound the policy would send its 300 tokens direct) with a
     pinned handoff: per request its tokens and what its KV put on the WAN."""
     rng = random.Random(11)
     history = [rng.randrange(10, 4000) for _ in range(300)]

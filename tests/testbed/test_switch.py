@@ -47,6 +47,7 @@ class Request:
     def __init__(self, itl_s: float) -> None:
         now = time.time()
         self.tokens = [100 + i for i in range(EAGER)]
+        self.body = {"sampling_params": {"max_new_tokens": TOTAL}}
         times = [now - (EAGER - i) * itl_s for i in range(EAGER)]
         self.record = SimpleNamespace(token_times=times, handoff_s=None, eager_tokens=EAGER)
         self.record.decode_server, self.record.fallback = "rld", None
@@ -165,3 +166,23 @@ def test_relay_decode_serves_the_client_through_main_decodes_slow_first_steps():
     assert req.longest_gap < 2.5 * 0.05
     later = [b - a for a, b in zip(req.sent[EAGER:], req.sent[EAGER + 1 :], strict=False)]
     assert max(later) < 1.6 * 0.05  # never slower than the paced relay stream (1.25x)
+
+
+def test_relay_decode_that_will_end_the_request_first_is_not_paced_at_main_decodes():
+    """Relay decode (fast) has the rest of the request decoded long before a slower main
+    decode could reach ``switch_limit_tokens``: no switch can happen, so the client
+    keeps relay decode's rhythm (paced at main decode's interval, every token of the
+    rest came 1.25 x 0.1 s apart). With a lower limit main decode would take over, and
+    the same streams are paced."""
+    gaps = {}
+    for limit in (48, 8):
+        req = Request(itl_s=0.03)
+        req.p.pdd = PddConfig(switch_pace=1.25, switch_tokens=4, switch_limit_tokens=limit)
+        req.p.loads.learn_itl("md", [i * 0.1 for i in range(10)], switched=False)
+        ended_on_rld = run(req, stream(EAGER + 1, 0.03), stream(EAGER - 2, 0.1))
+        assert req.tokens == [100 + i for i in range(TOTAL)]
+        assert ended_on_rld == (limit == 48)
+        # past the first gap (the stand-in's own two intervals: see the test above)
+        later = [b - a for a, b in zip(req.sent[EAGER:], req.sent[EAGER + 1 :], strict=False)]
+        gaps[limit] = statistics.median(later)
+    assert gaps[48] < 1.5 * 0.03 < 0.1 < gaps[8]
