@@ -73,8 +73,11 @@ def test_bytes_already_on_the_line_count_in_the_next_prediction():
     line.start(room=1, nbytes=20 * MB)  # a large transfer goes first
     behind = line.predict(1 * MB)
     assert behind.queued_bytes == 20 * MB
-    # The two share the line: the small one pays for its share, not for the whole backlog.
-    assert behind.seconds == pytest.approx(ramp + 0.2)
+    # The two share the line: the small one pays for its share, not for the whole backlog,
+    # and its window holds it back only below the pipe of its half of the line (fewer
+    # rounds of slow start than alone).
+    shared_ramp = slow_start_s(MB, 5 * MB, 0.02)
+    assert shared_ramp < ramp and behind.seconds == pytest.approx(shared_ramp + 0.2)
     clock.now += 1.0  # half of it has drained since
     assert line.predict(1 * MB).queued_bytes == pytest.approx(10 * MB, rel=1e-6)
     clock.now += 5.0  # drained entirely, even before its log line arrives
@@ -167,14 +170,15 @@ def test_on_a_lossy_line_a_flow_slows_past_its_loss_free_run_and_flows_share_the
     assert small == pytest.approx(slow_start_s(0.5 * MB, rate, 0.02) + 0.5 * MB / rate)
     # Two flows fit the line side by side: the second is barely slowed by the first.
     line.start(1, 20 * MB)
-    assert line.predict(int(2.5 * MB)).seconds == pytest.approx(lone)
+    half = slow_start_s(2.5 * MB, rate / 2, 0.02)  # its slow start against half the pipe
+    assert line.predict(int(2.5 * MB)).seconds == pytest.approx(lone - ramp + half)
     clock.now += 1.0  # the first drained its loss-free run at the line's rate, then slower
     drained = free + (1.0 - free / rate) * flow
     assert line.backlog() == pytest.approx(20 * MB - drained, rel=1e-6)
     # Six flows need more than the line: the new one gets a sixth of it.
     for room in range(2, 6):
         line.start(room, 20 * MB)
-    crowded = ramp + 6 * 2.5 * MB / rate
+    crowded = slow_start_s(2.5 * MB, rate / 6, 0.02) + 6 * 2.5 * MB / rate
     assert line.predict(int(2.5 * MB)).seconds == pytest.approx(crowded) and crowded > lone
 
 
@@ -264,10 +268,11 @@ def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(i
     clock.now += 1.5  # the next transfer's checkout comes 3.5 s after room 2's routing
     freed = line.lag_s + in_flight / line.goodput <= 1.5 + line.lead_s
     window = (2 * MB + in_flight) if freed else INITIAL_WINDOW
-    expected = slow_start_s(MB, rate, rtt, window=min(window, rate * rtt))
     # what room 2 has left at this one's first byte (it has run 1.5 s by then) shares
     left = 0.0 if freed else in_flight - 1.5 * line.goodput
     shared = (MB + min(left, MB)) / line.goodput
+    share = rate * MB / (MB + min(left, MB))  # the rate its window ramps up to
+    expected = slow_start_s(MB, share, rtt, window=min(window, rate * rtt))
     assert line.predict(MB).seconds == pytest.approx(expected + shared)
     line.start(room=3, nbytes=50 * MB)  # ... and gets the freed connection, if any
     cold = slow_start_s(MB, rate, rtt)
@@ -315,7 +320,8 @@ def test_the_line_mirrors_decode_taking_its_warmest_connection():
     line.settle(1, settled(1, MB, 1.0, end=clock.now, cwnd_end_bytes=900_000))
     line.settle(2, settled(2, MB, 1.0, end=clock.now, cwnd_end_bytes=100_000))  # last back
     for n, window in enumerate((900_000, 100_000)):  # each shares with those before it
-        expected = slow_start_s(MB, rate, rtt, window=window) + (n + 1) * MB / line.goodput
+        share = rate / (n + 1)
+        expected = slow_start_s(MB, share, rtt, window=window) + (n + 1) * MB / line.goodput
         assert line.predict(MB).seconds == pytest.approx(expected)
         line.start(room=window, nbytes=MB)  # checks it out
 
@@ -340,7 +346,7 @@ def test_the_senders_log_gives_the_window_the_connection_really_kept(sender_firs
     expected = slow_start_s(MB, rate, rtt, 600_000) + MB / line.goodput
     assert line.predict(MB).seconds == pytest.approx(expected)  # room 2's is warmest now
     line.start(room=3, nbytes=MB)
-    expected = slow_start_s(MB, rate, rtt, 400_000, 400_000) + 2 * MB / line.goodput
+    expected = slow_start_s(MB, rate / 2, rtt, 400_000, 400_000) + 2 * MB / line.goodput
     assert line.predict(MB).seconds == pytest.approx(expected)  # then room 1's, as it ended
 
 
@@ -451,3 +457,18 @@ def test_a_routed_transfer_drains_only_from_when_its_first_byte_is_due():
     assert line.backlog() == pytest.approx(10 * MB)  # not begun yet
     clock.now += 1.0
     assert line.backlog() == pytest.approx(10 * MB - 0.5 * line.goodput)
+
+
+def test_a_flow_sharing_the_line_ramps_up_only_to_its_share():
+    """A new connection's window holds its flow back only while it is below what the
+    flow's share of the line carries in a round trip: behind a large transfer, 400 KB
+    from a 14.5 KB window send 14.5, 29, 58 and 116 KB in four round trips (each under
+    the 200 KB its half of a 10 MB/s line carries in 40 ms), then the rest at 5 MB/s.
+    Counting the ramp against the whole line's pipe, and the share on top, added a
+    round trip that never happens."""
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.02, clock=clock)
+    line.start(room=1, nbytes=4 * MB)
+    sent = sum(INITIAL_WINDOW * 2**i for i in range(4))
+    expected = 4 * 0.04 + (400_000 - sent) / (5 * MB)
+    assert line.predict(400_000).seconds == pytest.approx(expected)
