@@ -80,6 +80,7 @@ def test_prediction_error_and_regret_tables():
     run = RunData(path=None, scenario={}, systems={"pdd": SystemRun("pdd", records, {})})
     err = ttft.prediction_error(run).iloc[0]
     assert err["transfers"] == 2 and err["error_p50"] == pytest.approx(0.25)
+    assert err["error_p50_ms"] == pytest.approx(500)  # 1 s and 0 s off: the median of the two
     reg = ttft.regret(run).iloc[0]
     # r0: 2.3 s against 0.1 + (0.05 LAN + 0.1 first step) = 0.25 s → 2.05 s lost; r1: none
     assert reg["requests"] == 2 and reg["share_with_regret"] == 0.5
