@@ -100,6 +100,7 @@ class RelayedRequest:
         self.relay_died = False  # MD took over from a relay decode that died
         self.ready: asyncio.Task | None = None
         self.prefill: asyncio.Task | None = None
+        self.prefill_awaited = False  # the record waits for P's answer (see below)
         self.md: asyncio.Task | None = None
 
     @property
@@ -141,6 +142,7 @@ class RelayedRequest:
                 and await switch_streams(self, chunks(rld, self.prefill), rld.close, md_stream)
             ):
                 owns_md_side = self.drained is None  # else the drain releases MD's side
+                self._prefill_answer_later()
                 return self.out.response
             rld.close()  # SGLang aborts relay decode's request
             rld = None
@@ -265,9 +267,16 @@ class RelayedRequest:
             return False
         # The session's next turn waits for the settle, so P's and MD's caches agree.
         self.p.after.settling[id(record)] = self.p.background(self.settle(list(self.tokens)))
-        if not self.prefill.done():
-            self.p.unfinished_prefills[id(record)] = self.prefill
+        self._prefill_answer_later()
         return True
+
+    def _prefill_answer_later(self) -> None:
+        """Relay decode ended the client's stream before P answered: the record waits
+        for P's answer (its prefix hit) off the client's path, and releasing MD's side
+        leaves that task alone (the router's record writer times it out)."""
+        if not self.prefill.done():
+            self.p.unfinished_prefills[id(self.record)] = self.prefill
+            self.prefill_awaited = True
 
     def check_echo(self, chunk) -> None:
         echoed, tokens = chunk.echoed(), self.tokens
@@ -372,8 +381,9 @@ class RelayedRequest:
     def _release(self) -> None:
         """End MD's side of the room: pending tasks cancelled, MD's stream closed, and
         the channel closed (MD then finishes its parked request, if any, as released)."""
+        awaited = self.prefill if self.prefill_awaited else None
         for task in (self.ready, self.prefill, self.md):
-            if task is not None and not task.done():
+            if task is not None and task is not awaited and not task.done():
                 task.cancel()
         self.channel.close()
         md = self.md
