@@ -28,7 +28,8 @@ byte is due: ``lag_s`` after routing, the median of recent transfers (decode's
 checkout, prefill's compute, the way across; drained from routing, the model saw
 transfers half done before any had begun, and connections free that were not).
 
-One flow alone pays, on top of its bytes at the goodput:
+One flow alone pays, on top of its bytes at the goodput (the arithmetic of one flow:
+:mod:`testbed.router.tcp_model`):
 
 - TCP's window, from the one its connection already has: a round trip per doubling
   until it fills the pipe in slow start, one segment more per round trip past the slow
@@ -87,58 +88,18 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, replace
 
-from protocol.clock import now
+from protocol.clock import now as clock_now
 from protocol.kv import POOL_REUSE_S
 from protocol.records import TransferRecord
+from testbed.router.tcp_model import (
+    INITIAL_WINDOW,
+    MSS,
+    Congestion,
+    RecentMedian,
+    flow_rate_bound,
+)
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
-MSS = 1448
-INITIAL_WINDOW = 10 * MSS  # Linux's initial congestion window: 10 segments
-
-
-def flow_rate_bound(rtt: float, loss: float) -> float:
-    """Bytes per second one TCP flow carries at most under random loss ``loss`` (a
-    fraction) and round trip ``rtt`` (Mathis et al.); unbounded without loss."""
-    if loss <= 0 or rtt <= 0:
-        return float("inf")
-    return (1.5**0.5) * MSS / (rtt * loss**0.5)
-
-
-def slow_start_s(
-    nbytes: float,
-    rate: float,
-    rtt: float,
-    window: float = INITIAL_WINDOW,
-    ssthresh: float = float("inf"),
-) -> float:
-    """Seconds a window below the pipe adds to sending ``nbytes`` at ``rate`` over a
-    round trip of ``rtt``: each round sends only its window, which doubles each round
-    trip (slow start) below ``ssthresh`` and grows one segment a round trip past it
-    (congestion avoidance, where a connection that has lost packets stays), until it
-    fills the pipe."""
-    if nbytes <= 0 or rtt <= 0:
-        return 0.0
-    pipe, sent, rounds = rate * rtt, 0.0, 0
-    while sent + window < nbytes and window < pipe:
-        sent, rounds = sent + window, rounds + 1
-        window = window * 2 if window < ssthresh else window + MSS
-    return max(0.0, rounds * rtt - sent / rate)
-
-
-@dataclass(frozen=True)
-class Congestion:
-    """A connection's congestion state, as its sender last reported it (or guessed)."""
-
-    cwnd: float = INITIAL_WINDOW
-    ssthresh: float = float("inf")  # none yet: still in slow start
-
-    @classmethod
-    def reported(cls, cwnd_bytes: int, ssthresh_bytes: int) -> Congestion:
-        """From a sender's TCP state as records carry it (a threshold of 0: none)."""
-        return cls(float(cwnd_bytes), float(ssthresh_bytes or "inf"))
-
-    def extra_s(self, nbytes: float, rate: float, rtt: float) -> float:
-        return slow_start_s(nbytes, rate, rtt, self.cwnd, self.ssthresh)
 
 
 @dataclass(frozen=True)
@@ -168,28 +129,13 @@ class _Outstanding:
     promised_to: int | None = None  # the transfer routed after it given its connection
 
 
-class _Median:
-    """The median of the last ``n`` samples, ``seed`` until the first, never above
-    ``cap``. A median rather than a fitted line or a mean: one transfer a retransmission
-    timeout or a busy receiver slowed (hetero: 2.2 MB at half the line's rate) tilted a
-    least-squares slope, and with it every size's prediction, until it decayed."""
-
-    def __init__(self, seed: float, n: int = 16, cap: float = float("inf")) -> None:
-        self.cap, self.value = cap, min(seed, cap)
-        self.samples: deque[float] = deque(maxlen=n)
-
-    def add(self, value: float) -> None:
-        self.samples.append(value)
-        self.value = min(statistics.median(self.samples), self.cap)
-
-
 class WanLine:
     def __init__(
         self,
         rate_bytes_s: float,
         one_way_s: float = 0.0,
         samples: int = 16,
-        clock=now,
+        clock=clock_now,
         loss: float = 0.0,
         pool_reuse_s: float = POOL_REUSE_S,
     ) -> None:
@@ -202,8 +148,8 @@ class WanLine:
         # Mathis bound: MSS / loss bytes per loss at the bound rather than the line's.
         bound = flow_rate_bound(self.rtt, loss)
         seed = self.loss_free * max(0.0, 1 / bound - 1 / self.rate) if loss > 0 else 0.0
-        self.loss_cost = _Median(seed, samples)
-        self.achieved = _Median(self.rate, samples, cap=self.rate)
+        self.loss_cost = RecentMedian(seed, samples)
+        self.achieved = RecentMedian(self.rate, samples, cap=self.rate)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[_Idle] = []  # idle connections

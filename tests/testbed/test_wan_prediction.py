@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from protocol.records import TransferRecord
-from testbed.router.wan import INITIAL_WINDOW, WanLine, flow_rate_bound, slow_start_s
+from testbed.router.tcp_model import INITIAL_WINDOW, flow_rate_bound, slow_start_s
+from testbed.router.wan import WanLine
 
 MB = 1_000_000
 

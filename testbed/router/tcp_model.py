@@ -1,0 +1,73 @@
+"""One TCP flow over a rate-limited line, as the WAN model (:mod:`testbed.router.wan`)
+counts it: the round trips a window below the pipe costs (slow start, congestion
+avoidance), the rate random loss leaves a long flow, and the robust average the model
+learns its parameters with. Pure functions and values: no state of the line here."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+MSS = 1448
+INITIAL_WINDOW = 10 * MSS  # Linux's initial congestion window: 10 segments
+
+
+def flow_rate_bound(rtt: float, loss: float) -> float:
+    """Bytes per second one TCP flow carries at most under random loss ``loss`` (a
+    fraction) and round trip ``rtt`` (Mathis et al.); unbounded without loss."""
+    if loss <= 0 or rtt <= 0:
+        return float("inf")
+    return (1.5**0.5) * MSS / (rtt * loss**0.5)
+
+
+def slow_start_s(
+    nbytes: float,
+    rate: float,
+    rtt: float,
+    window: float = INITIAL_WINDOW,
+    ssthresh: float = float("inf"),
+) -> float:
+    """Seconds a window below the pipe adds to sending ``nbytes`` at ``rate`` over a
+    round trip of ``rtt``: each round sends only its window, which doubles each round
+    trip (slow start) below ``ssthresh`` and grows one segment a round trip past it
+    (congestion avoidance, where a connection that has lost packets stays), until it
+    fills the pipe."""
+    if nbytes <= 0 or rtt <= 0:
+        return 0.0
+    pipe, sent, rounds = rate * rtt, 0.0, 0
+    while sent + window < nbytes and window < pipe:
+        sent, rounds = sent + window, rounds + 1
+        window = window * 2 if window < ssthresh else window + MSS
+    return max(0.0, rounds * rtt - sent / rate)
+
+
+@dataclass(frozen=True)
+class Congestion:
+    """A connection's congestion state, as its sender last reported it (or guessed)."""
+
+    cwnd: float = INITIAL_WINDOW
+    ssthresh: float = float("inf")  # none yet: still in slow start
+
+    @classmethod
+    def reported(cls, cwnd_bytes: int, ssthresh_bytes: int) -> Congestion:
+        """From a sender's TCP state as records carry it (a threshold of 0: none)."""
+        return cls(float(cwnd_bytes), float(ssthresh_bytes or "inf"))
+
+    def extra_s(self, nbytes: float, rate: float, rtt: float) -> float:
+        return slow_start_s(nbytes, rate, rtt, self.cwnd, self.ssthresh)
+
+
+class RecentMedian:
+    """The median of the last ``n`` samples, ``seed`` until the first, never above
+    ``cap``. A median rather than a fitted line or a mean: one transfer a retransmission
+    timeout or a busy receiver slowed (hetero: 2.2 MB at half the line's rate) tilted a
+    least-squares slope, and with it every size's prediction, until it decayed."""
+
+    def __init__(self, seed: float, n: int = 16, cap: float = float("inf")) -> None:
+        self.cap, self.value = cap, min(seed, cap)
+        self.samples: deque[float] = deque(maxlen=n)
+
+    def add(self, value: float) -> None:
+        self.samples.append(value)
+        self.value = min(statistics.median(self.samples), self.cap)
