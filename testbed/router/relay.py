@@ -12,10 +12,11 @@ One request's walk (:meth:`RelayedRequest.run`)::
     what the client has (checked, not re-sent), has caught up → RLD's request aborted
     → MD's stream continues (sampled requests: RLD closed at the final handoff)
 
-If RLD finishes before MD holds the KV, the client is done; :meth:`settle` then lets
-P's transfer finish and hands MD all tokens anyway, so MD caches the exchange for the
-session's next turn. If MD never holds the KV (a cut WAN, MD down) the record says why
-(``fallback``). The client sees one stream either way.
+If RLD finishes before MD holds the KV, the client is done;
+:func:`testbed.router.settle.settle` then lets P's transfer finish and hands MD all
+tokens anyway, so MD caches the exchange for the session's next turn. If MD never holds
+the KV (a cut WAN, MD down) the record says why (``fallback``).
+The client sees one stream either way.
 
 Collaborators, all passed to :class:`RelayedPipeline`: the upstream HTTP client, the
 servers' loads, the transfer-log index, what follows a request (DRC alignment and the
@@ -25,7 +26,6 @@ MD mirror), and a runner for work that outlives the request.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
 from aiohttp import ClientError, web
@@ -40,11 +40,11 @@ from testbed.router.config import PddConfig
 from testbed.router.handoff_channel import HandoffChannel, HandoffError
 from testbed.router.handoff_decision import Action, HandoffState, Knobs, decide, pinned_mode
 from testbed.router.policies import Loads, Route, max_new_tokens
+from testbed.router.settle import drain_main_decode, settle
 from testbed.router.switch import greedy, switch_streams
 from testbed.router.transfers import TransferIndex
 from testbed.router.upstream import Upstream, UpstreamError, chunks, read_or_abort
 
-logger = logging.getLogger("pdd.router")
 RLD_FIRST = "relay decode finished first"
 
 
@@ -157,7 +157,7 @@ class RelayedRequest:
             if rld is not None:
                 rld.close()
             if owns_md_side:
-                self._release()
+                self.release()
 
     async def _relay_eager(self, rld) -> HandoffMode | None:
         """Stream relay decode's tokens to the client, handing off as ``decide`` says.
@@ -266,7 +266,7 @@ class RelayedRequest:
         if record.handoff_mode != HandoffMode.NONE or len(self.tokens) < 2:
             return False
         # The session's next turn waits for the settle, so P's and MD's caches agree.
-        self.p.after.settling[id(record)] = self.p.background(self.settle(list(self.tokens)))
+        self.p.after.settling[id(record)] = self.p.background(settle(self, list(self.tokens)))
         self._prefill_answer_later()
         return True
 
@@ -293,10 +293,7 @@ class RelayedRequest:
         if chunk.error:
             raise UpstreamError(f"main decode: {chunk.error}")
         tokens = self.tokens
-        echoed = chunk.echoed()
-        if echoed is not None:
-            n = min(len(echoed), len(tokens))
-            self.record.handoff_mismatch |= echoed[:n] != tokens[:n]
+        self.check_echo(chunk)
         new = chunk.new_ids(len(tokens))
         if new and self.record.handoff_s is None:  # the client-visible gap at the switch
             self.record.handoff_s = clock.now() - self.record.token_times[-1]
@@ -312,73 +309,11 @@ class RelayedRequest:
     def start_drain(self, pending: asyncio.Future, md_stream) -> None:
         """Relay decode finished the client's stream after the handoff: main decode
         finishes the request in the background. It settles the exchange like
-        :meth:`settle`, so the session's next turn waits for it (``turn_wait_s``)."""
-        self.drained = self.p.background(self.drain_main_decode(pending, md_stream))
+        :func:`settle`, so the session's next turn waits for it (``turn_wait_s``)."""
+        self.drained = self.p.background(drain_main_decode(self, pending, md_stream))
         self.p.after.settling[id(self.record)] = self.drained
 
-    async def drain_main_decode(self, pending: asyncio.Future, md_stream) -> None:
-        """Main decode decodes the request to its end, so its cache holds the exchange;
-        then the mirror and P learn it, as after any request that ended on MD."""
-        try:
-            chunk = await pending
-            while chunk is not None and not (chunk.finished or chunk.done or chunk.error):
-                chunk = await anext(md_stream, None)
-            if chunk is None or chunk.error:
-                raise HandoffError(f"main decode: {chunk.error if chunk else 'stream ended'}")
-            aligning = self.p.after.remember(
-                self.route, self.body, self.record.session_id, self.tokens
-            )
-            if aligning is not None:
-                await aligning
-        except Exception as exc:  # off the client's path: log, never raise
-            logger.info("room %s: main decode after relay decode ended: %r", self.record.room, exc)
-        finally:
-            self._release()
-
-    async def settle(self, tokens: list[int]) -> None:
-        """Relay decode finished the request before MD held the KV: MD still takes the
-        exchange into its prefix cache (DRC), off the client's path. P's transfer runs
-        to its end instead of being cut, MD gets all eager tokens but the last (it
-        decodes that one itself: one extend forward, one decode step), and once MD's
-        output equals what the client got, the mirror and P's cache learn the exchange
-        like after any request that ended on MD. A session's next turn waits for this
-        at most ``turn_wait_s``, as it waits for P's cache after any request."""
-        timeout = self.p.pdd.settle_timeout_s
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        log = self.route.main_decode.transfer_log
-        try:
-            while not self.ready.done():  # MD holds the KV, its transfer failed, or time is up
-                failed = self.p.transfers.peek(self.record.room, log) if log else None
-                if failed is not None and not failed.ok:
-                    raise HandoffError(f"KV transfer to main decode: {failed.reason}")
-                if loop.time() > deadline:
-                    raise TimeoutError(f"main decode did not hold the KV within {timeout:.0f} s")
-                await asyncio.wait({self.ready}, timeout=0.25)
-            self.ready.result()
-            if self.inflight is not None:  # a catch-up batch MD is still extending
-                await self.inflight
-            # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed).
-            await self.channel.handoff(tokens[1 + self.handed : -1], final=True)
-            md = await asyncio.wait_for(asyncio.shield(self.md), max(deadline - loop.time(), 1))
-            ids: list[int] = []
-            async for chunk in chunks(md):
-                if chunk.error:
-                    raise HandoffError(f"main decode: {chunk.error}")
-                ids += chunk.new_ids(len(ids))
-                if chunk.finished or chunk.done:
-                    break
-            if ids != tokens:
-                raise HandoffError(f"main decode's {len(ids)} tokens differ from relay decode's")
-            aligning = self.p.after.remember(self.route, self.body, self.record.session_id, tokens)
-            if aligning is not None:
-                await aligning
-        except Exception as exc:  # an optimisation off the client's path: log, never raise
-            logger.info("settling room %s on main decode: %r", self.record.room, exc)
-        finally:
-            self._release()
-
-    def _release(self) -> None:
+    def release(self) -> None:
         """End MD's side of the room: pending tasks cancelled, MD's stream closed, and
         the channel closed (MD then finishes its parked request, if any, as released)."""
         awaited = self.prefill if self.prefill_awaited else None

@@ -1,0 +1,89 @@
+"""Main decode's side of a relayed request after the client's stream ended on relay
+decode: main decode still takes the exchange into its prefix cache (DRC), off the
+client's path, and then the mirror and prefill's cache learn it, as after any request
+that ended on main decode. A session's next turn waits for this (``turn_wait_s``).
+
+Two ways there, both run in the background by :class:`testbed.router.relay.RelayedRequest`:
+
+- :func:`settle`: relay decode finished before main decode held the KV (no handoff);
+- :func:`drain_main_decode`: it finished after the final handoff, main decode still
+  decoding (the switch did not happen before the end).
+
+Each ends by releasing main decode's side of the room (``req.release``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from testbed.router.handoff_channel import HandoffError
+from testbed.router.upstream import chunks
+
+if TYPE_CHECKING:
+    from testbed.router.relay import RelayedRequest
+
+logger = logging.getLogger("pdd.router")
+
+
+async def drain_main_decode(req: RelayedRequest, pending: asyncio.Future, md_stream) -> None:
+    """Main decode decodes the request to its end, so its cache holds the exchange;
+    then the mirror and P learn it, as after any request that ended on MD."""
+    try:
+        chunk = await pending
+        while chunk is not None and not (chunk.finished or chunk.done or chunk.error):
+            chunk = await anext(md_stream, None)
+        if chunk is None or chunk.error:
+            raise HandoffError(f"main decode: {chunk.error if chunk else 'stream ended'}")
+        aligning = req.p.after.remember(req.route, req.body, req.record.session_id, req.tokens)
+        if aligning is not None:
+            await aligning
+    except Exception as exc:  # off the client's path: log, never raise
+        logger.info("room %s: main decode after relay decode ended: %r", req.record.room, exc)
+    finally:
+        req.release()
+
+
+async def settle(req: RelayedRequest, tokens: list[int]) -> None:
+    """Relay decode finished the request before MD held the KV: MD still takes the
+    exchange into its prefix cache (DRC), off the client's path. P's transfer runs
+    to its end instead of being cut, MD gets all eager tokens but the last (it
+    decodes that one itself: one extend forward, one decode step), and once MD's
+    output equals what the client got, the mirror and P's cache learn the exchange
+    like after any request that ended on MD. A session's next turn waits for this
+    at most ``turn_wait_s``, as it waits for P's cache after any request."""
+    timeout = req.p.pdd.settle_timeout_s
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    log = req.route.main_decode.transfer_log
+    try:
+        while not req.ready.done():  # MD holds the KV, its transfer failed, or time is up
+            failed = req.p.transfers.peek(req.record.room, log) if log else None
+            if failed is not None and not failed.ok:
+                raise HandoffError(f"KV transfer to main decode: {failed.reason}")
+            if loop.time() > deadline:
+                raise TimeoutError(f"main decode did not hold the KV within {timeout:.0f} s")
+            await asyncio.wait({req.ready}, timeout=0.25)
+        req.ready.result()
+        if req.inflight is not None:  # a catch-up batch MD is still extending
+            await req.inflight
+        # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed).
+        await req.channel.handoff(tokens[1 + req.handed : -1], final=True)
+        md = await asyncio.wait_for(asyncio.shield(req.md), max(deadline - loop.time(), 1))
+        ids: list[int] = []
+        async for chunk in chunks(md):
+            if chunk.error:
+                raise HandoffError(f"main decode: {chunk.error}")
+            ids += chunk.new_ids(len(ids))
+            if chunk.finished or chunk.done:
+                break
+        if ids != tokens:
+            raise HandoffError(f"main decode's {len(ids)} tokens differ from relay decode's")
+        aligning = req.p.after.remember(req.route, req.body, req.record.session_id, tokens)
+        if aligning is not None:
+            await aligning
+    except Exception as exc:  # an optimisation off the client's path: log, never raise
+        logger.info("settling room %s on main decode: %r", req.record.room, exc)
+    finally:
+        req.release()
