@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,7 +44,7 @@ from testbed.model import serving_limits
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.validate import RequestLimits
 from testbed.scenario import Scenario
-from testbed.server import ServerError, ServerSpec, SGLangServer
+from testbed.server import ServerError, ServerSpec, SGLangServer, make_certificate, server_env
 from testbed.systems import SystemSpec, get_system
 from topologies.network import Network
 from topologies.process import HostProcess
@@ -376,35 +375,3 @@ class Deployment:
     def _write_manifest(self, model: Path) -> None:
         path = self.run_dir / "manifest.json"
         path.write_text(json.dumps(manifest(self, model), indent=2, default=str))
-
-
-def make_certificate(directory: Path) -> dict[str, str]:
-    """A self-signed certificate for one deployment (``servers.tls``): the environment
-    that hands it to servers and router. The key is readable by its owner only."""
-    directory.mkdir(parents=True, exist_ok=True)
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    argv = ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]
-    argv += ["-nodes", "-days", "7", "-subj", "/CN=pdd-testbed deployment"]
-    done = subprocess.run(
-        [*argv, "-keyout", str(key), "-out", str(cert)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        raise ServerError(f"servers.tls: openssl could not make a certificate: {done.stderr}")
-    key.chmod(0o600)
-    return {Env.TLS_CERT: str(cert), Env.TLS_KEY: str(key)}
-
-
-def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_key: str = ""):
-    env = [
-        (Env.KV_TRANSFER_LOG, str(transfer_log)),
-        (Env.KV_IDLE_TIMEOUT_S, str(cfg.kv_idle_timeout_s)),
-        (Env.KV_LATE_LEG_TIMEOUT_S, str(cfg.kv_late_leg_s)),
-        (Env.KV_POOL_REUSE_TIMEOUT_S, str(cfg.kv_pool_reuse_s)),
-    ]
-    if frame_key:
-        env.append((Env.FRAME_KEY, frame_key))
-    if handoff_port is not None:
-        env.append((Env.HANDOFF_PORT, str(handoff_port)))
-    if cfg.threads:
-        env.append(("OMP_NUM_THREADS", str(cfg.threads)))
-    return tuple(env)
