@@ -121,7 +121,10 @@ class TransferIndex:
             return
         record.kv_bytes, record.kv_wire_bytes = transfer.kv_bytes, transfer.wire_bytes
         record.cached_tokens_decode = transfer.decode_prefix_len
-        record.kv_transfer_s = transfer.seconds
+        # A transfer cut short (aborted on decode once relay decode finished the request,
+        # a cut WAN) moved part of what was predicted: its time is no measured transfer
+        # time (mooncake run: 8 of 117 such, prediction error P95 468% with, 188% without).
+        record.kv_transfer_s = transfer.seconds if transfer.ok else None
         record.kv_cwnd_bytes, record.kv_retransmits = transfer.cwnd_bytes, transfer.retransmits
         record.kv_link = "lan" if route.prefill.site == server.site else "wan"
         if record.kv_link == "wan":

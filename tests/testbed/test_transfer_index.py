@@ -4,6 +4,7 @@ forgotten once joined."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import asdict
 
@@ -30,3 +31,41 @@ def test_lines_are_read_as_they_grow_bad_ones_skipped_and_rooms_forgotten(tmp_pa
     index.forget(2)
     assert index.peek(2, log) is None and index.sent(2, log) == []
     assert index.peek(1, log) is not None
+
+
+def test_a_transfer_cut_short_gives_the_record_no_transfer_time(tmp_path):
+    """Its bytes and its reason are kept, but a part of a transfer is not what the WAN
+    prediction is measured against."""
+    from protocol.names import Pipeline, Role
+    from protocol.records import RequestRecord
+    from testbed.router.config import ServerEntry
+    from testbed.router.policies import Route
+
+    logs = {side: tmp_path / f"{side}.jsonl" for side in ("p", "md")}
+    prefill = ServerEntry(
+        name="p", url="http://p", role=Role.PREFILL, host="p", transfer_log=logs["p"]
+    )
+    md = ServerEntry(
+        name="md",
+        url="http://md",
+        role=Role.MAIN_DECODE,
+        site="B",
+        host="md",
+        transfer_log=logs["md"],
+    )
+    route = Route(Pipeline.P_MD, "test", md, prefill=prefill, main_decode=md)
+    logs["p"].write_text("")
+    logs["md"].write_text(
+        line(1, kv_bytes=8, wire_bytes=9, status="success")
+        + line(2, kv_bytes=8, wire_bytes=9, status="failed", reason="aborted on decode")
+    )
+    index = TransferIndex(list(logs.values()))
+    done, cut = (
+        RequestRecord(request_id=str(r), system="pdd", endpoint="/generate", arrival=0.0, room=r)
+        for r in (1, 2)
+    )
+    for record in (done, cut):
+        asyncio.run(index.join(route, record))
+    assert done.kv_transfer_s == 0.5 and done.kv_link == "wan"
+    assert cut.kv_transfer_s is None and cut.kv_bytes == 8 and cut.kv_link == "wan"
+    assert "aborted on decode" in cut.error
