@@ -3,8 +3,11 @@ percentile of real / modelled time, and the largest need sets the run's k."""
 
 from __future__ import annotations
 
+import io
+
 import pandas as pd
 import pytest
+from rich.console import Console
 
 from testbed.bench.calibrate import needed, with_dilation
 from testbed.scenario import Scenario
@@ -59,3 +62,35 @@ def test_calibration_runs_rounds_until_the_proposal_settles(rounds, chosen, reco
     assert decision.k == chosen, decision.why
     # the slice whose measurements the run records as the calibration
     assert decision.round is (None if recorded is None else rounds[recorded])
+
+
+def test_each_next_round_runs_at_the_k_the_round_before_proposed(monkeypatch, tmp_path):
+    """The loop around ``settle`` (the bathtub end-to-end test runs one round): a stand-in
+    slice (no servers) proposes 209 at k = 50, then 86, then 95, which settles."""
+    from testbed.bench import calibrate
+
+    proposals = {50: 209, 209: 86, 86: 95}
+    tried = []
+
+    def slice_(target, tiny_kv, out, console, run_system):
+        k = target.emulation.dilation
+        tried.append(k)
+        return {
+            "system": "pdd",
+            "needed": proposals[k] / 1.2,
+            "by_pass": [],
+            "tried": k,
+            "proposal": proposals[k],
+        }
+
+    monkeypatch.setattr(calibrate, "calibration_slice", slice_)
+    base = Scenario.load("hetero")
+    emulation = base.emulation.model_copy(
+        update={"dilation": 50, "calibration_rounds": 3, "calibration_tolerance": 0.15}
+    )
+    target = base.model_copy(update={"emulation": emulation})
+
+    found = calibrate.calibrate(target, 0, tmp_path, Console(file=io.StringIO()), None)
+
+    assert tried == [50, 209, 86]  # each round at the one before's proposal
+    assert found["dilation"] == 95 and [r["tried"] for r in found["rounds"]] == tried
