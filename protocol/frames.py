@@ -14,12 +14,16 @@ plain sockets), the asyncio codec the router; both check the same things.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
+import fcntl
 import hashlib
 import hmac
 import os
 import socket
+import ssl
 import struct
+import termios
 from pathlib import Path
 from typing import NamedTuple
 
@@ -176,16 +180,84 @@ def send_frame(sock: socket.socket, kind: MsgType, room: int, *parts) -> int:
     return frame_size(length)
 
 
+BATCH_MIN_BYTES = 64 * 1024  # a read this large wakes its reader in batches (RcvLowat)
+
+
 def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray:
+    """Read exactly ``n`` bytes. A large read (a KV chunk) asks the kernel to wake it
+    only once a batch of bytes is queued (see :class:`RcvLowat`), not once per segment:
+    on a decode server the receiving threads otherwise wake thousands of times a second
+    while KV lands, and each wake takes the interpreter's lock from the scheduler's
+    forward pass on the same core."""
     buf = into if into is not None else bytearray(n)
     view = memoryview(buf)[:n]
     got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise ConnectionResetError(f"peer closed the connection after {got} of {n} bytes")
-        got += k
+    lowat = RcvLowat(sock) if n >= BATCH_MIN_BYTES else None
+    batch = True  # wait for a batch (off for the read after a batch timed out)
+    try:
+        while got < n:
+            if lowat is not None and batch:
+                lowat.expect(n - got)
+            batch = True
+            try:
+                k = sock.recv_into(view[got:], n - got)
+            except TimeoutError:
+                # no batch within the timeout: a stall only if not a byte is queued;
+                # else what is queued is read at once
+                if lowat is None or not lowat.queued():
+                    raise
+                lowat.off()
+                batch = False
+                continue
+            if k == 0:
+                raise ConnectionResetError(f"peer closed the connection after {got} of {n} bytes")
+            got += k
+    finally:
+        if lowat is not None:
+            lowat.off()
     return buf
+
+
+class RcvLowat:
+    """SO_RCVLOWAT for one read: the socket reads as ready (and a blocking read returns)
+    only once this many bytes are queued, or the stream ended. Capped at a quarter of
+    the receive buffer: never more sits unread, so the window TCP advertises, and
+    hence the sender's pace, hardly changes (Linux grows the buffer, and raises the
+    window clamp with it, for a mark above half of it). TLS sockets are left alone
+    (their records carry more bytes than the plaintext asked for)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = None if isinstance(sock, ssl.SSLSocket) else sock
+        self.mark = 1
+
+    def expect(self, n: int) -> None:
+        if self.sock is None:
+            return
+        try:
+            cap = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF) // 4
+            self._set(max(1, min(n, cap)))
+        except OSError:
+            self.sock = None  # not a TCP socket the kernel lets us tune: read as before
+
+    def queued(self) -> bool:
+        """Whether any byte is waiting in the receive queue."""
+        if self.sock is None:
+            return False
+        try:
+            raw = fcntl.ioctl(self.sock, termios.FIONREAD, b"\0" * 4)
+            return struct.unpack("i", raw)[0] > 0
+        except OSError:
+            return False
+
+    def off(self) -> None:
+        if self.sock is not None and self.mark != 1:
+            with contextlib.suppress(OSError):
+                self._set(1)
+
+    def _set(self, mark: int) -> None:
+        if mark != self.mark:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, mark)
+            self.mark = mark
 
 
 def recv_frame(

@@ -37,7 +37,9 @@ MAX_CONNECTIONS = 512  # requests being read or parked on the prefill listener
 
 @dataclass(frozen=True)
 class Timeouts:
-    """Seconds. ``idle``: no progress on a flowing transfer (a cut WAN ends here)."""
+    """Seconds. ``idle``: no progress on a flowing transfer (a cut WAN ends here; a
+    KV chunk is read in batches, so a transfer that stops a few bytes into a batch is
+    found stalled after one to two of these: ``protocol.frames.recv_exact``)."""
 
     connect: float = 10.0
     bootstrap: float = 300.0  # prefill waits this long for decode's request

@@ -6,10 +6,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import threading
+import time
 
 import pytest
 
 from protocol.frames import (
+    BATCH_MIN_BYTES,
     HEADER,
     MAGIC,
     MAX_BODY,
@@ -20,6 +22,7 @@ from protocol.frames import (
     frame_size,
     header,
     read_frame,
+    recv_exact,
     recv_frame,
     send_frame,
     set_frame_key,
@@ -166,3 +169,88 @@ def test_a_keyless_side_refuses_tagged_frames_rather_than_misreading_them():
     a.sendall(raw)
     with pytest.raises(ProtocolError, match="this side has no frame key"):
         recv_frame(b)
+
+
+class _CountingSocket:
+    """A real socket that counts its reads (recv_into): how often the reader woke."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock, self.reads = sock, 0
+
+    def recv_into(self, view, n):
+        self.reads += 1
+        return self.sock.recv_into(view, n)
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    server = socket.create_server(("127.0.0.1", 0))
+    sender = socket.create_connection(server.getsockname())
+    reader, _ = server.accept()
+    server.close()
+    sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sender, reader
+
+
+def test_a_large_frame_arriving_segment_by_segment_wakes_its_reader_in_batches():
+    """A KV chunk comes in WAN-sized segments; the decode server's reading thread
+    should not wake (and take the interpreter's lock from the scheduler) for each.
+    Read a segment at a time, this frame took 726 reads."""
+    sender, reader = _pair()
+    body = bytes(range(256)) * 4096  # 1 MiB
+    segments = range(0, len(body), 1448)
+
+    def trickle():
+        send_frame(sender, MsgType.KV_CHUNK, 5, b"")  # a small frame first
+        frame = header(MsgType.KV_CHUNK, 6, len(body)) + body
+        sender.sendall(frame[: HEADER.size])
+        for start in segments:
+            sender.sendall(frame[HEADER.size + start : HEADER.size + start + 1448])
+            time.sleep(0.0002)
+        send_frame(sender, MsgType.ACK, 7)  # a small frame after: no mark left behind
+
+    try:
+        reader.settimeout(10)
+        counted = _CountingSocket(reader)
+        thread = threading.Thread(target=trickle)
+        thread.start()
+        assert recv_frame(counted)[:2] == (MsgType.KV_CHUNK, 5)
+        counted.reads = 0
+        kind, room, got = recv_frame(counted)
+        assert (kind, room, bytes(got)) == (MsgType.KV_CHUNK, 6, body)
+        assert counted.reads < len(segments) / 4, f"{counted.reads} reads for {len(segments)}"
+        assert recv_frame(counted)[:2] == (MsgType.ACK, 7)
+        assert reader.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+        thread.join()
+    finally:
+        sender.close()
+        reader.close()
+
+
+def test_a_large_read_that_trickles_finishes_and_one_that_stalls_times_out():
+    """Bytes arriving slower than a batch a timeout are progress, not a stall (they
+    are read once the timeout passes); no byte at all within a timeout is a stall."""
+    sender, reader = _pair()
+    n = BATCH_MIN_BYTES * 2
+    try:
+        reader.settimeout(0.3)
+
+        def trickle():
+            for _ in range(4):
+                sender.sendall(b"x" * 100)
+                time.sleep(0.2)
+            sender.sendall(b"y" * (n - 400))
+
+        thread = threading.Thread(target=trickle)
+        thread.start()
+        assert bytes(recv_exact(reader, n)) == b"x" * 400 + b"y" * (n - 400)
+        thread.join()
+        sender.sendall(b"z" * 100)  # then nothing: the read times out, the mark reset
+        with pytest.raises(TimeoutError):
+            recv_exact(reader, n)
+        assert reader.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
+    finally:
+        sender.close()
+        reader.close()
