@@ -38,6 +38,7 @@ def processes(net, since: dict | None = None) -> list[dict]:
                             "pid": pid,
                             "process": describe(p.cmdline()),
                             "cpus": sorted(p.cpu_affinity()),
+                            "nice": p.nice(),
                             "cpu_s": t.user + t.system,
                             "wall_s": now - p.create_time(),
                             "created": p.create_time(),

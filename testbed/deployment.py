@@ -44,7 +44,14 @@ from testbed.model import serving_limits
 from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.validate import RequestLimits
 from testbed.scenario import Scenario
-from testbed.server import ServerError, ServerSpec, SGLangServer, make_certificate, server_env
+from testbed.server import (
+    ServerError,
+    ServerSpec,
+    SGLangServer,
+    check_nice,
+    make_certificate,
+    server_env,
+)
 from testbed.systems import SystemSpec, get_system
 from topologies.network import Network
 from topologies.process import HostProcess
@@ -199,6 +206,7 @@ class Deployment:
             )
         if "testbed" in cpus:
             os.sched_setaffinity(0, cpus["testbed"])
+        check_nice(self.scenario.servers.nice)
 
     def _unpin_testbed(self) -> None:
         if getattr(self, "all_cpus", None):
@@ -237,6 +245,7 @@ class Deployment:
                     decode_radix_cache=cfg.decode_radix_cache,
                     extra_args=tuple(cfg.extra_args),
                     cpus=self._server_cpus(role),
+                    nice=cfg.nice.get(role, 0),
                     extra_env=server_env(
                         cfg, self.transfer_log(name), self._handoff_port(role), self.frame_key
                     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -62,6 +63,7 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     extra_env: tuple[tuple[str, str], ...] = ()
     cpus: tuple[int, ...] = ()  # pinned to these CPUs (taskset); empty: not pinned
+    nice: int = 0  # CPU priority over the launcher's (nice -n); below 0 needs root
     cuda: bool = field(default_factory=host_has_cuda)
 
     def __post_init__(self) -> None:
@@ -112,6 +114,8 @@ class ServerSpec:
         args += ROLE_ARGS[self.role](self) + list(self.extra_args)
         if self.cpus:  # SGLang's subprocesses and threads inherit the mask
             args = ["taskset", "-c", ",".join(map(str, self.cpus)), *args]
+        if self.nice:  # ... and the priority
+            args = ["nice", "-n", str(self.nice), *args]
         return args
 
     def env(self) -> dict[str, str]:
@@ -167,6 +171,22 @@ ROLE_ARGS: dict[str, Callable[[ServerSpec], list[str]]] = {
 
 class ServerError(RuntimeError):
     """A server that did not come up, or died; the message names its log."""
+
+
+def check_nice(nice: dict[str, int]) -> None:
+    """Refuse a CPU priority this user may not give (``nice`` would only warn, and the
+    servers would run at equal priority where the scenario says otherwise)."""
+    wanted = {role: n for role, n in nice.items() if n < 0}
+    if not wanted or os.geteuid() == 0:
+        return
+    floor = 20 - resource.getrlimit(resource.RLIMIT_NICE)[0]  # the lowest nice allowed
+    now = os.getpriority(os.PRIO_PROCESS, 0)
+    refused = {role: n for role, n in wanted.items() if now + n < floor}
+    if refused:
+        raise ServerError(
+            f"servers.nice {refused} raises priority, which needs root (or RLIMIT_NICE); "
+            "run as root or drop those entries from the scenario"
+        )
 
 
 class SGLangServer:

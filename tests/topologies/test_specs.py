@@ -77,6 +77,26 @@ def test_cpu_pinning_is_checked_by_role_and_against_the_machine(tmp_path):
     assert not list(tmp_path.glob("server-*.log"))
 
 
+def test_server_priority_is_checked_by_role_range_and_permission(tmp_path, monkeypatch):
+    from testbed.deployment import Deployment
+    from testbed.server import ServerError, ServerSpec
+
+    with pytest.raises(ValidationError, match="unknown roles \\['testbed'\\]"):
+        ServersSpec(nice={"testbed": -5})  # the harness's priority is not the scenario's
+    with pytest.raises(ValidationError, match="from -20 to 19, got -21"):
+        ServersSpec(nice={"relay_decode": -21})
+    spec = ServerSpec(model_path=tmp_path, role="decode", cpus=(0,), nice=-5)
+    assert spec.argv()[:6] == ["nice", "-n", "-5", "taskset", "-c", "0"]
+    assert ServerSpec(model_path=tmp_path, role="decode").argv()[0] != "nice"
+    # a user who may not raise priority is refused before anything starts, not warned
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    monkeypatch.setattr("resource.getrlimit", lambda what: (0, 0))
+    scenario = Scenario(name="nice", servers=ServersSpec(nice={"relay_decode": -5}))
+    with pytest.raises(ServerError, match="servers.nice .*relay_decode.*needs root"):
+        Deployment(scenario, "pdd", tmp_path).up()
+    assert not list(tmp_path.glob("server-*.log"))
+
+
 def test_topologies_place_roles_in_their_sites():
     topo = two_site(hosts={"prefill": 2, "main_decode": 3})
     sites = {h: topo.nodeInfo(h)["site"] for h in topo.hosts()}
