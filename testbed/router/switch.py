@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import time
 from collections import deque
 
 from protocol import clock
@@ -168,7 +167,7 @@ class _Pace:
         self.recent: deque[tuple[int, float]] = deque(maxlen=window)
 
     def add(self, count: int) -> None:
-        now = time.monotonic()
+        now = clock.now()
         self.first = self.first or (count, now)
         self.recent.append((count, now))
 
@@ -187,7 +186,7 @@ class _Pace:
         if not self.tokens:
             return float("inf")
         due = self.last[1] + self.seconds_for(tokens)
-        return max(0.0, due - time.monotonic())
+        return max(0.0, due - clock.now())
 
     def seconds_for(self, tokens: int) -> float:
         """How long it takes to decode ``tokens`` more at its recent pace."""
