@@ -13,6 +13,8 @@ import json
 import pytest
 from rich.console import Console
 
+from protocol.metrics import TtftPart
+from reports import ttft
 from reports.hetero import measured_bathtub
 from reports.run_data import load_run
 from testbed.bench.run import run_bench
@@ -47,6 +49,13 @@ def test_scaled_down_bathtub_sweep(tmp_path):
     assert emulation["dilation"] == 20 and emulation["kv_scaling"] == "wan_rate"
     report = (run_dir / "fixed_hit-0.0" / "report.html").read_text()
     assert "Emulation mode" in report and "pacing" in report.lower()
+
+    # Where a colocated request's first token went: no KV part, parts add up to TTFT.
+    parts = ttft.parts(runs["fixed_hit-0.9"].systems["colocated"].records)
+    split = parts[[p.value for p in TtftPart]]
+    assert len(parts) == 4 and (split.fillna(0) >= -0.005).all().all(), split
+    assert (split.sum(axis=1) - parts["ttft_s"]).abs().max() < 0.005
+    assert split[TtftPart.KV].isna().all(), split
 
 
 def test_calibration_picks_the_dilation_the_run_then_uses(tmp_path):
