@@ -101,6 +101,7 @@ class RelayedRequest:
         self.ready: asyncio.Task | None = None
         self.prefill: asyncio.Task | None = None
         self.prefill_awaited = False  # the record waits for P's answer (see below)
+        self.waited: str | None = None  # why the handoff last waited while MD held the KV
         self.md: asyncio.Task | None = None
 
     @property
@@ -205,6 +206,7 @@ class RelayedRequest:
                 decision = decide(state, self.p.knobs)
                 mode = decision.mode
                 if decision.action is Action.WAIT:
+                    self.waited = decision.why if state.md_holds_kv else None
                     continue
                 # a pinned handoff overtakes a catch-up batch: it waits for the batch
                 if self.inflight is not None and not await self._extended():
@@ -258,7 +260,7 @@ class RelayedRequest:
         there. Returns whether the settle now owns MD's side of the room."""
         record = self.record
         record.handoff_mode = HandoffMode.NONE
-        if not record.fallback and not self.md_holds_kv:
+        if not record.fallback:
             record.fallback = await self._why_md_missed()
         if record.fallback and not record.fallback.startswith(RLD_FIRST):
             record.handoff_mode = HandoffMode.FAILED
@@ -337,4 +339,7 @@ class RelayedRequest:
         ):
             resp = md.result()
             return f"main decode answered {resp.status}: {(await resp.text())[:300]}"
+        if self.md_holds_kv:  # no handoff was worth it, or MD's KV came at the very end
+            why = f"no handoff: {self.waited}" if self.waited else "only at the end"
+            return f"{RLD_FIRST} (main decode held the KV; {why})"
         return f"{RLD_FIRST} (main decode did not hold the KV yet)"

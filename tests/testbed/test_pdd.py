@@ -212,9 +212,11 @@ def test_handoff_microbenchmark_times_both_paths_over_the_wan(pdd):
 def test_when_relay_decode_finishes_first_main_decode_still_caches_the_exchange(pdd, colocated):
     rng = random.Random(21)
     prompt = [rng.randrange(10, 4000) for _ in range(1400)]  # 11 MB of KV: ~1 s on the WAN
-    first = stream(pdd, prompt, 6, "settle")  # relay decode is done long before that
+    first = stream(pdd, prompt, 6, "settle")  # relay decode is done about then
     assert first == reference_output(colocated, prompt, 6)
     rec = record_of(pdd, "settle")
+    # Whether MD held the KV by the end depends on the machine's pace; either way the
+    # record says why relay decode finished the request.
     assert rec.handoff_mode == "none" and rec.fallback.startswith("relay decode finished first")
     deadline = time.monotonic() + 30
     while not [h for h in handoff_log(pdd) if h.room == rec.room and h.final]:
