@@ -106,3 +106,18 @@ def test_streaming_chat_completions(server):
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
     assert len(chunks) >= 8 and content
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_cpu_servers_scheduler_and_detokenizer_are_forked_not_spawned(server):
+    """engine_patches.cpu.fork_start: SGLang's children of a CPU server are forks of its
+    launcher (they inherit its imports), not fresh interpreters that import SGLang again.
+    SGLang retitles its children, so the launcher's log says which start method it used."""
+    import psutil
+
+    from engine_patches.cpu.fork_start import LOG_LINE
+
+    tree = [psutil.Process(server.pid), *psutil.Process(server.pid).children(recursive=True)]
+    (launcher,) = [p for p in tree if "sglang.launch_server" in p.cmdline()[:3]]
+    titles = sorted(c.cmdline()[0] for c in launcher.children())
+    assert titles == ["sglang::detokenizer", "sglang::scheduler"], titles
+    assert server.log_path.read_text().count(LOG_LINE) == 1
