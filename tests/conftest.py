@@ -83,3 +83,17 @@ def reference_output(server: SGLangServer, prompt: list[int], new_tokens: int) -
     )
     r.raise_for_status()
     return r.json()["output_ids"]
+
+
+def ttft_parts_that_add_up(records, name: str):
+    """Each request's TTFT parts (reports.ttft): present for every record, none
+    negative, summing to its TTFT (within 5 ms of clock rounding). Returns the parts."""
+    from protocol.metrics import TtftPart
+    from reports import ttft
+
+    parts = ttft.parts(records)
+    assert len(parts) == len(records), name  # every request
+    split = parts[[p.value for p in TtftPart]]
+    assert (split.fillna(0) >= -0.005).all().all(), (name, split)
+    assert (split.sum(axis=1) - parts["ttft_s"]).abs().max() < 0.005, name
+    return split
