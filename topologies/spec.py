@@ -31,6 +31,14 @@ class NetworkSpec(BaseModel):
         description="WAN changes during the load (rate dips, loss bursts, cuts); see "
         "topologies.schedule.",
     )
+    check_s: float = Field(
+        3.0,
+        ge=1,
+        le=60,
+        description="Seconds each iperf3 measurement of the link check before a bench "
+        "system's load runs (WAN TCP and UDP, one LAN pair; pings take 2 s more). "
+        "Longer: a tighter measurement; the check warns, the report shows it.",
+    )
     tcp_slow_start_after_idle: bool = Field(
         False,
         description="Hosts' net.ipv4.tcp_slow_start_after_idle. Off (the usual tuning for "

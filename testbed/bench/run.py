@@ -144,7 +144,9 @@ def bring_up(deployment: Deployment, scenario: Scenario, out: Path, console: Con
     check = []  # an inventory's WAN is real: `testbed net check` is for emulated links
     if deployment.net.emulated:
         with console.status(f"[bold]{system}[/bold]: checking the links"):
-            check = [m.as_row() for m in check_network(deployment.net, seconds=3)]
+            check = [
+                m.as_row() for m in check_network(deployment.net, seconds=scenario.network.check_s)
+            ]
     write_atomic(out / "link_check.json", json.dumps(check, indent=2))
     bad = [m for m in check if not m["ok"]]
     if bad:

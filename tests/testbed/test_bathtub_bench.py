@@ -27,6 +27,7 @@ def test_scaled_down_bathtub_sweep(tmp_path):
     base = Scenario.load("bathtub").model_dump()
     base["workload"]["generator"].update(sessions=4)
     base["sweep"] = {"workload.generator.fixed_hit": [0.0, 0.9]}
+    base["network"]["check_s"] = 1
     scenario = Scenario.model_validate(base)
 
     run_dir = run_bench(scenario, tmp_path, Console(file=io.StringIO()))
@@ -68,6 +69,7 @@ def test_calibration_picks_the_dilation_the_run_then_uses(tmp_path):
     base["workload"]["generator"].update(sessions=2, fixed_hit=0.5)
     base["emulation"].update(calibrate=True, calibration_requests=2, calibration_rounds=1)
     base.pop("sweep", None)
+    base["network"]["check_s"] = 1
     scenario = Scenario.model_validate(base)
 
     run_dir = run_bench(scenario, tmp_path, Console(file=io.StringIO()))

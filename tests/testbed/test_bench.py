@@ -45,6 +45,7 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     )
     # colocated's records (no KV part in its TTFT) are checked in test_bathtub_bench
     base["systems"] = ["same_site_pd", "cross_site_pd", "pdd"]
+    base["network"]["check_s"] = 1  # the link check's iperf3 runs (the report has them)
     scenario = Scenario.model_validate(base)
 
     run_dir = run_bench(scenario, tmp_path, Console(file=io.StringIO()))
