@@ -21,8 +21,6 @@ import multiprocessing
 import os
 
 TARGET = "sglang.srt.entrypoints.engine._set_envs_and_config"
-
-
 LOG_LINE = "CPU server: SGLang's subprocesses start by fork (engine_patches.cpu.fork_start)"
 
 
