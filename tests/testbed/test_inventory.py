@@ -27,7 +27,7 @@ from testbed.deployment import Deployment
 from testbed.doctor import check_inventory
 from testbed.scenario import Scenario
 from testbed.server import ServerError
-from tests.testbed.test_pdd import stream
+from tests.testbed.pdd_deployment import stream
 from topologies.network import Network
 
 pytestmark = [pytest.mark.sglang, pytest.mark.netns]
