@@ -21,11 +21,11 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     ``switch_tokens``, then main decode's own), so the client's stream slows a little
     instead of stopping for the takeover.
 
-    Relay decode's request is aborted (``close_rld``) once main decode has every
-    token the client has and has decoded ``switch_settle_tokens`` since its first
+    Relay decode's request is aborted (``close_rld``) once main decode has the token
+    after those the client has and has decoded ``switch_settle_tokens`` since its first
     chunk (its first steps with the request run slow); before that, once main decode
-    at its recent pace would reach what the router holds before the client has been
-    served what is queued;
+    at its recent pace would decode past what the router holds before the client has
+    been served what is queued;
     and at the latest once main decode has decoded ``switch_limit_tokens`` (relay
     decode is a stage and must free its slot). The tokens still queued after the stop
     are spaced so that they last until main decode reaches them: the client's wait
@@ -60,17 +60,21 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # after the switch (a faster main decode then catches up with relay decode's)
             known = md_pace.tokens >= req.p.pdd.switch_tokens
             pace = req.p.pdd.switch_pace * (md_pace.seconds_for(1) if known else expected)
-            # main decode has every token the client has, and its first steps with the
+            # main decode holds the client's next token, and its first steps with the
             # request in its batch are behind it (default run N: the one or two after
             # its final extend took 55-80 ms where it then ran at 35; with relay decode
             # stopped at main decode's first chunk, the client waited on them, and that
-            # was the handoff's longest gap)
+            # was the handoff's longest gap). Holding only the tokens the client has,
+            # the client waited a whole step of main decode's for the next, and any
+            # stall in it: default run 023756 showed a 162 ms gap there, at an ITL of 45.
             settled = md_pace.tokens >= req.p.pdd.switch_settle_tokens
-            caught_up = not md_failed and settled and md_count >= len(req.tokens)
+            caught_up = not md_failed and settled and md_count > len(req.tokens)
+            # or main decode, at its measured pace, has the token after all the router
+            # holds before the client has been served the queue and one interval more
             in_time = (
                 not md_failed
                 and known
-                and md_pace.seconds_for(have - md_count) <= (have - len(req.tokens) + 1) * pace
+                and md_pace.seconds_for(have + 1 - md_count) <= (have - len(req.tokens) + 1) * pace
             )
             limit = not md_failed and md_pace.tokens >= req.p.pdd.switch_limit_tokens
             if (caught_up or in_time or limit) and rld_open:  # relay decode stops
