@@ -1,5 +1,6 @@
-"""The PDD deployment the pipeline tests share: one per test module that asks for it
-(``test_pdd``, ``test_pdd_peers``).
+"""The two-site scenario the deployment tests build on, and the PDD deployment the
+pipeline tests share: one per test module that asks for it (``test_pdd``,
+``test_pdd_peers``).
 
 Prefill and relay decode in site A, main decode in site B (100 Mbit/s WAN, 5 ms one
 way), bounds set so that routing, anomalous traffic and session alignment show.
@@ -16,19 +17,28 @@ from topologies.link import LinkSpec
 from topologies.spec import NetworkSpec
 
 
-@pytest.fixture(scope="module")
-def pdd(tmp_path_factory):
-    scenario = Scenario(
-        name="test_pdd",
+def two_sites(system: str, **fields) -> Scenario:
+    """The tests' two-site scenario for one system: a 100 Mbit/s WAN, 5 ms one way, and
+    servers that give up on a cut WAN after 5 s (``fields``: more of the scenario)."""
+    return Scenario(
+        name=f"test_{system}",
         network=NetworkSpec(wan=LinkSpec(rate_mbit=100, delay_ms=5, queue_packets=2000)),
         servers=ServersSpec(kv_idle_timeout_s=5, max_total_tokens=60000),
+        systems=[system],
+        **fields,
+    )
+
+
+@pytest.fixture(scope="module")
+def pdd(tmp_path_factory):
+    scenario = two_sites(
+        "pdd",
         pdd=PddConfig(
             direct_wan_bound_s=0.1,
             anomalous_min_input=1500,
             anomalous_max_output=4,
             turn_wait_s=60,  # the aligned-session test checks P's and MD's hits turn by turn
         ),
-        systems=["pdd"],
     )
     with Deployment(scenario, "pdd", tmp_path_factory.mktemp("pdd"), "tpdd") as deployment:
         yield deployment

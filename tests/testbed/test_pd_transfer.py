@@ -18,11 +18,9 @@ import pytest
 from protocol import headers
 from protocol.records import read_records
 from testbed.deployment import Deployment
-from testbed.scenario import Scenario, ServersSpec
 from tests.conftest import reference_output
+from tests.testbed.conftest import two_sites
 from tests.testbed.hostile_frames import assert_closed_soon, chunk, forged, frame, untagged
-from topologies.link import LinkSpec
-from topologies.spec import NetworkSpec
 from workloads.client import generate_payload
 
 pytestmark = [pytest.mark.sglang, pytest.mark.netns]
@@ -33,12 +31,7 @@ KV_BYTES_PER_TOKEN = 8192  # the default tiny model, page size 1
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
-    scenario = Scenario(
-        name="test_pd",
-        network=NetworkSpec(wan=LinkSpec(rate_mbit=100, delay_ms=5, queue_packets=2000)),
-        servers=ServersSpec(kv_idle_timeout_s=5, max_total_tokens=60000),
-        systems=["cross_site_pd"],
-    )
+    scenario = two_sites("cross_site_pd")
     with Deployment(scenario, "cross_site_pd", tmp_path_factory.mktemp("pd"), "tpd") as deployment:
         yield deployment
 
