@@ -93,6 +93,7 @@ class RequestRecord(TokenTimes):
     fallback: str | None = None  # why relay decode finished a request meant for MD
     predicted_wan_s: float | None = None  # the routing input: the KV's predicted WAN time
     wan_queued_bytes: int | None = None  # the prediction's backlog ahead of this transfer
+    wan_own_bytes: int | None = None  # the KV bytes predicted (MD's predicted miss)
     wan_goodput_bytes_s: float | None = None  # the prediction's line goodput (bytes/s)
     kv_bytes: int | None = None  # KV payload moved for this request
     kv_wire_bytes: int | None = None

@@ -193,6 +193,28 @@ def _cell(column: str, value) -> str:
     return str(value)
 
 
+@app.command("wan-replay")
+def wan_replay(
+    run_dir: Path = typer.Argument(..., help="A bench run directory (or one system's)."),
+) -> None:
+    """Replay a stored run's WAN transfers through the router's WAN model, offline: the
+    prediction error replayed beside the one recorded live, per system."""
+    from testbed.bench.wan_replay import replay_run
+
+    try:
+        rows = replay_run(run_dir)
+    except (FileNotFoundError, ValueError) as exc:
+        console.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from exc
+    table = Table(title="WAN-time prediction error, |predicted - measured| / measured")
+    for column in ("system", "transfers", "replayed P50", "P95", "recorded P50", "P95"):
+        table.add_column(column, justify="left" if column == "system" else "right")
+    for system, r in rows.items():
+        cells = [r[k] for k in ("replayed_p50", "replayed_p95", "recorded_p50", "recorded_p95")]
+        table.add_row(system, str(int(r["transfers"])), *(f"{v:.0%}" for v in cells))
+    console.print(table)
+
+
 @app.command()
 def reproduce(
     run_dir: Path = typer.Argument(..., help="A stored bench run directory."),

@@ -1,0 +1,136 @@
+"""Replay a stored run's WAN transfers through the router's WAN model, offline.
+
+The router predicts each transfer's time on the WAN (:class:`testbed.router.wan.WanLine`)
+from what it has seen of the line; its prediction and the receiver's measurement go
+into every record, and the report shows their error. To work on the model, or to check
+a stored run's predictions, ``testbed wan-replay RUN_DIR`` feeds a fresh line, on a
+clock that follows the run, the events the live router saw, in time order:
+
+- each request whose KV crossed the WAN, routed at its ``dispatched`` time
+  (``predict``, then ``start``), warm-up requests included (the router learned from
+  them too);
+- each far-site receiver's log line at its ``end`` (``settle``);
+- each prefill sender's line to a far-site host at its ``end`` (``sender_end``).
+
+The replay predicts for the bytes the router did (``wan_own_bytes``: what its prefix
+mirror expected main decode to lack; the bytes that crossed in runs older than that
+field), and delivers each log line when it was written, where the router read it at
+its next request; so its predictions track the recorded ones closely but not exactly,
+and both errors are shown side by side. Nothing runs: no network, no
+servers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from protocol.names import Role
+from protocol.records import TransferRecord, from_dict, read_jsonl
+from testbed.router.config import RouterConfig
+from testbed.router.policies import wan_line
+
+ROUTED, SETTLED, SENDER = 0, 1, 2  # event kinds, in this order at one instant
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """One measured WAN transfer: the replay's prediction beside the recorded one."""
+
+    request_id: str
+    measured_s: float
+    recorded_s: float | None
+    replayed_s: float
+
+    @staticmethod
+    def error(predicted: float | None, measured: float) -> float:
+        return abs(predicted - measured) / measured if predicted is not None else math.nan
+
+
+def _lines(path: Path) -> list[dict]:
+    return list(read_jsonl(path)) if path.exists() else []
+
+
+def replay(system_dir: Path) -> list[Replayed]:
+    """The WAN transfers of one system's run directory, predicted again."""
+    config_path = system_dir / "router.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{system_dir}: no router.json (not a system's run directory)")
+    config = RouterConfig.model_validate_json(config_path.read_text())
+    if config.pdd is None:
+        raise ValueError(f"{system_dir}: system {config.system!r} predicts no WAN time")
+    near = {s.site for s in config.with_role(Role.PREFILL)}
+    far = [s for s in config.servers if s.site not in near]
+    far_hosts = {s.host for s in far}
+
+    def logs(servers, side: str) -> list[TransferRecord]:
+        """The ended transfers of one side in these servers' logs (handoffs skipped)."""
+        found = []
+        for s in servers:
+            if s.transfer_log:  # written where the bench ran: found by name here
+                lines = _lines(system_dir / Path(s.transfer_log).name)
+                found += [from_dict(TransferRecord, d) for d in lines if d.get("side") == side]
+        return [t for t in found if t.end is not None]
+
+    received = {t.room: t for t in logs(far, "decode")}
+    prefill = config.with_role(Role.PREFILL)
+    sent = [t for t in logs(prefill, "prefill") if t.peer.rsplit(":", 1)[0] in far_hosts]
+    load = _lines(system_dir / "records.jsonl")
+    scored = {id(r) for r in load}  # the warm-up's requests teach the line, unscored
+    records = _lines(system_dir / "warmup-records.jsonl") + load
+    routed = [r for r in records if r.get("kv_link") == "wan" and r.get("room") in received]
+    events = sorted(
+        [(r["dispatched"], ROUTED, r) for r in routed]
+        + [(t.end, SETTLED, t) for t in received.values()]
+        + [(t.end, SENDER, t) for t in sent],
+        key=lambda e: (e[0], e[1]),
+    )
+    now = [0.0]
+    line = wan_line(config.pdd)
+    line.clock = lambda: now[0]
+    out = []
+    for at, kind, item in events:
+        now[0] = at
+        if kind == ROUTED:
+            # the bytes the router predicted for (its prefix mirror's), where recorded
+            nbytes = item.get("wan_own_bytes") or received[item["room"]].kv_bytes
+            predicted = line.predict(nbytes).seconds
+            line.start(item["room"], nbytes)
+            measured = item.get("kv_transfer_s")
+            if measured and id(item) in scored:
+                out.append(
+                    Replayed(item["request_id"], measured, item.get("predicted_wan_s"), predicted)
+                )
+        elif kind == SETTLED:
+            line.settle(item.room, item)
+        else:
+            line.sender_end(item.room, item)
+    return out
+
+
+def summary(rows: list[Replayed]) -> dict[str, float]:
+    """P50 and P95 of |predicted - measured| / measured, replayed and recorded."""
+    out: dict[str, float] = {"transfers": len(rows)}
+    for name in ("replayed", "recorded"):
+        errors = [Replayed.error(getattr(r, f"{name}_s"), r.measured_s) for r in rows]
+        errors = [e for e in errors if not math.isnan(e)]
+        for q in (50, 95):
+            out[f"{name}_p{q}"] = float(np.percentile(errors, q)) if errors else math.nan
+    return out
+
+
+def replay_run(run_dir: Path) -> dict[str, dict[str, float]]:
+    """Per system of a run directory (or one system's) that predicted WAN times: its
+    :func:`summary`."""
+    dirs = [run_dir] if (run_dir / "router.json").exists() else sorted(run_dir.iterdir())
+    out = {}
+    for d in dirs:
+        config = d / "router.json"
+        if config.exists() and RouterConfig.model_validate_json(config.read_text()).pdd:
+            out[d.name] = summary(replay(d))
+    if not out:
+        raise FileNotFoundError(f"{run_dir}: no system whose router predicted WAN times")
+    return out
