@@ -358,6 +358,7 @@ class Deployment:
             limits=self._request_limits(),
             # A far server's probe crosses the WAN; under emulation probes are as rare in
             # testbed time as in the target's, so they take no more of the dilated WAN.
+            upstream_keep_alive_s=0.4 * self.scenario.servers.http_keep_alive_s,
             health_interval_s=0.5 * self._dilation,
             health_timeout_s=2.0 * self._dilation + 8 * self.scenario.network.wan.delay_ms / 1000,
             tokenizer=self.scenario.model.resolve(),

@@ -96,6 +96,16 @@ class ServersSpec(BaseModel):
         "window it grew) idle less than this; prefill closes one idle twice as long "
         "(dilated under emulation: a deployment's pool outlives many requests).",
     )
+    http_keep_alive_s: float = Field(
+        5.0,
+        gt=0,
+        description="SGLang's HTTP servers close a keep-alive connection idle this long "
+        "(SGLANG_TIMEOUT_KEEP_ALIVE); the router closes its own idle ones at 0.4 x this, "
+        "first. Dilated under emulation: a router's connections to its servers outlive "
+        "many requests, and a token stream on a fresh one over the dilated WAN had its "
+        "first round trip capped at the initial window (10 segments: hetero's streams "
+        "stalled a round trip at token 10).",
+    )
     port: int = Field(
         30000, ge=1, le=65535, description="HTTP port of every server (each has its own host)."
     )

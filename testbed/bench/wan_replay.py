@@ -54,6 +54,10 @@ def _lines(path: Path) -> list[dict]:
     return list(read_jsonl(path)) if path.exists() else []
 
 
+class NoWanModel(ValueError):
+    """The system's router predicts no WAN time (not a pdd system)."""
+
+
 def replay(system_dir: Path) -> list[Replayed]:
     """The WAN transfers of one system's run directory, predicted again."""
     config_path = system_dir / "router.json"
@@ -61,7 +65,7 @@ def replay(system_dir: Path) -> list[Replayed]:
         raise FileNotFoundError(f"{system_dir}: no router.json (not a system's run directory)")
     config = RouterConfig.model_validate_json(config_path.read_text())
     if config.pdd is None:
-        raise ValueError(f"{system_dir}: system {config.system!r} predicts no WAN time")
+        raise NoWanModel(f"{system_dir}: system {config.system!r} predicts no WAN time")
     near = {s.site for s in config.with_role(Role.PREFILL)}
     far = [s for s in config.servers if s.site not in near]
     far_hosts = {s.host for s in far}
@@ -127,10 +131,11 @@ def replay_run(run_dir: Path) -> dict[str, dict[str, float]]:
     :func:`summary`."""
     dirs = [run_dir] if (run_dir / "router.json").exists() else sorted(run_dir.iterdir())
     out = {}
-    for d in dirs:
-        config = d / "router.json"
-        if config.exists() and RouterConfig.model_validate_json(config.read_text()).pdd:
+    for d in (d for d in dirs if (d / "router.json").exists()):
+        try:
             out[d.name] = summary(replay(d))
+        except NoWanModel:
+            continue
     if not out:
         raise FileNotFoundError(f"{run_dir}: no system whose router predicted WAN times")
     return out

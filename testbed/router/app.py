@@ -67,7 +67,9 @@ class Router:
         self.records = JsonlWriter(config.records)
         logs = [s.transfer_log for s in config.servers if s.transfer_log]
         self.transfers = TransferIndex(logs, on_line=self._learn_wan)
-        self.upstream = Upstream(config.upstream_timeout_s, config.limits.max_in_flight)
+        self.upstream = Upstream(
+            config.upstream_timeout_s, config.limits.max_in_flight, config.upstream_keep_alive_s
+        )
         near = {s.site for s in config.with_role(Role.PREFILL)}
         far = [s for s in config.servers if s.site not in near]
         self._wan_logs = {Path(s.transfer_log) for s in far if s.transfer_log}

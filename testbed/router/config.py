@@ -140,6 +140,9 @@ class RouterConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8000
     upstream_timeout_s: float = 600.0
+    upstream_keep_alive_s: float = Field(
+        2.0, gt=0, allow_inf_nan=False, description="Idle connections to servers close after."
+    )
     health_interval_s: float = Field(
         0.5, gt=0, allow_inf_nan=False, description="How often each server is probed."
     )

@@ -25,8 +25,9 @@ class UpstreamError(RuntimeError):
 class Upstream:
     """The router's HTTP client to its servers."""
 
-    def __init__(self, timeout_s: float, connections: int = 512) -> None:
+    def __init__(self, timeout_s: float, connections: int = 512, keep_alive_s: float = 2.0):
         self.timeout_s, self.connections = timeout_s, connections
+        self.keep_alive_s = keep_alive_s
         self.sessions: dict[str, ClientSession] = {}
         self.closed = True
 
@@ -44,12 +45,13 @@ class Upstream:
             raise UpstreamError("the router is shutting down")
         if role not in self.sessions:
             # SGLang's HTTP server (uvicorn) closes idle keep-alive connections after
-            # 5 s; a request sent on one as it closes fails with "Server disconnected"
-            # (seen with think times of a few seconds). Closing them first, at 2 s,
-            # avoids the race.
+            # servers.http_keep_alive_s (5 s); a request sent on one as it closes fails
+            # with "Server disconnected" (seen with think times of a few seconds).
+            # Closing them first, at 0.4 x that (the deployment's keep_alive_s), avoids
+            # the race.
             self.sessions[role] = ClientSession(
                 timeout=ClientTimeout(total=self.timeout_s),
-                connector=TCPConnector(keepalive_timeout=2.0, limit=self.connections),
+                connector=TCPConnector(keepalive_timeout=self.keep_alive_s, limit=self.connections),
             )
         return self.sessions[role]
 

@@ -32,6 +32,9 @@ def test_the_testbed_view_dilates_every_time_and_scales_the_wan_rate():
     assert run.servers.kv_idle_timeout_s == pytest.approx(target.servers.kv_idle_timeout_s * k)
     assert run.servers.kv_late_leg_s == pytest.approx(target.servers.kv_late_leg_s * k)
     assert run.servers.kv_pool_reuse_s == pytest.approx(target.servers.kv_pool_reuse_s * k)
+    # the router's HTTP connections to its servers stay open (and their windows grown)
+    # between requests as long as in the target's time
+    assert run.servers.http_keep_alive_s == pytest.approx(target.servers.http_keep_alive_s * k)
     assert run.workload.generator["time_scale"] == pytest.approx(k)
     # A 100-token KV transfer takes the target's time x k on the dilated link.
     target_s = 100 * 50_000 * 8 / (target.network.wan.rate_mbit * 1e6)

@@ -215,7 +215,8 @@ def test_a_main_decode_faster_than_relay_decode_does_not_slow_the_client():
     extend_then_fast = [0.3, 0.015]  # the extend, then main decode's own steps
     assert not run(req, stream(EAGER + 1, 0.06), steps(EAGER, extend_then_fast))
     assert req.tokens == [100 + i for i in range(TOTAL)] and req.record.decode_server == "md"
-    # past the first gap (the stand-in's own two intervals: see above)
-    later = [b - a for a, b in zip(req.sent[EAGER:], req.sent[EAGER + 1 :], strict=False)]
-    assert max(later) < 1.12 * 0.06
+    # while relay decode served (past the first gap, the stand-in's own two intervals)
+    served = req.sent[EAGER : req.closed_at]
+    gaps = [b - a for a, b in zip(served, served[1:], strict=False)]
+    assert len(gaps) >= 3 and statistics.median(gaps) < 1.12 * 0.06
     assert req.record.handoff_s < 2.5 * 0.06
