@@ -356,9 +356,9 @@ class Deployment:
             port=cfg.router_port,
             pdd=self._pdd_config(),
             limits=self._request_limits(),
+            upstream_keep_alive_s=0.4 * self.scenario.servers.http_keep_alive_s,
             # A far server's probe crosses the WAN; under emulation probes are as rare in
             # testbed time as in the target's, so they take no more of the dilated WAN.
-            upstream_keep_alive_s=0.4 * self.scenario.servers.http_keep_alive_s,
             health_interval_s=0.5 * self._dilation,
             health_timeout_s=2.0 * self._dilation + 8 * self.scenario.network.wan.delay_ms / 1000,
             tokenizer=self.scenario.model.resolve(),

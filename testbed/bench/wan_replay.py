@@ -131,11 +131,11 @@ def replay_run(run_dir: Path) -> dict[str, dict[str, float]]:
     :func:`summary`."""
     dirs = [run_dir] if (run_dir / "router.json").exists() else sorted(run_dir.iterdir())
     out = {}
-    for d in (d for d in dirs if (d / "router.json").exists()):
+    for d in dirs:
         try:
             out[d.name] = summary(replay(d))
-        except NoWanModel:
-            continue
+        except (FileNotFoundError, NoWanModel):
+            continue  # not a system's directory, or a system without a WAN model
     if not out:
         raise FileNotFoundError(f"{run_dir}: no system whose router predicted WAN times")
     return out
