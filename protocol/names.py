@@ -55,3 +55,12 @@ class HandoffMode(StrEnum):
     @property
     def ended_on_md(self) -> bool:
         return self in (HandoffMode.ONE_SHOT, HandoffMode.CATCH_UP)
+
+
+class RelayStop(StrEnum):
+    """Why the router stopped relay decode after the final handoff
+    (``RequestRecord.relay_stop_reason``; :func:`testbed.router.switch.switch_streams`)."""
+
+    CAUGHT_UP = "caught-up"  # main decode held the client's next token
+    IN_TIME = "in-time"  # main decode, at its recent pace, would reach it before the queue ran out
+    LIMIT = "limit"  # main decode decoded switch_limit_tokens: relay decode's slot is freed

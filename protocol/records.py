@@ -89,6 +89,9 @@ class RequestRecord(TokenTimes):
     handoff_s: float | None = None  # longest client-visible gap from the final handoff until
     # the switch to main decode is complete (relay decode stopped, main decode caught up)
     handoff_sent: float | None = None  # wall time the final handoff frame left the router
+    relay_stopped: float | None = None  # the router stopped relay decode for main decode
+    relay_stop_reason: str | None = None  # a protocol.names.RelayStop: why then
+    relay_stop_md_behind: int | None = None  # tokens main decode lacked of those the router held
     handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
     fallback: str | None = None  # why relay decode finished a request meant for MD
     predicted_wan_s: float | None = None  # the routing input: the KV's predicted WAN time

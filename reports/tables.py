@@ -232,8 +232,9 @@ def relay_share(run: RunData) -> pd.DataFrame:
 
 
 def handoffs(run: RunData) -> pd.DataFrame:
-    """Per system and handoff mode: how many, how big, their bytes and the client's gap
-    (last eager token → first main-decode token); "none" = relay decode finished."""
+    """Per system and handoff mode: how many, how big, their bytes, the client's gap
+    (last eager token → first main-decode token) and why relay decode was stopped
+    (``RelayStop``); "none" = relay decode finished."""
     rows = []
     for name, s in run.systems.items():
         r = _ok(s.records)
@@ -255,9 +256,17 @@ def handoffs(run: RunData) -> pd.DataFrame:
                     "gap_p50_s": percentile(gap, 50),
                     "gap_p90_s": percentile(gap, 90),
                     "mismatches": int(part["handoff_mismatch"].fillna(False).sum()),
+                    "relay_stops": _counts(part.get("relay_stop_reason")),
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _counts(column: pd.Series | None) -> str:
+    """``"in-time 5, limit 2"``: how often each value occurs (runs before a column: "")."""
+    if column is None:
+        return ""
+    return ", ".join(f"{k} {n}" for k, n in column.dropna().value_counts().items())
 
 
 def paper_comparison(

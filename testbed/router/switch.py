@@ -8,6 +8,7 @@ import statistics
 from collections import deque
 
 from protocol import clock
+from protocol.names import RelayStop
 from testbed.router.policies import max_new_tokens
 from testbed.router.upstream import UpstreamError
 
@@ -82,6 +83,15 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                 close_rld()
                 rld_open = False
                 req.record.decode_server = req.route.main_decode.name
+                why = (
+                    RelayStop.CAUGHT_UP
+                    if caught_up
+                    else RelayStop.IN_TIME
+                    if in_time
+                    else RelayStop.LIMIT
+                )
+                req.record.relay_stopped, req.record.relay_stop_reason = clock.now(), why.value
+                req.record.relay_stop_md_behind = max(0, have - md_count)
             # main decode still behind what the client will get (unless relay decode
             # already has, or is sure to have, the whole request)
             rld_ends = rld_open and _relay_decode_ends_it(req, have, itl, expected, md_pace)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from protocol.names import RelayStop
 from protocol.stream import Chunk
 from testbed.router.config import PddConfig
 from testbed.router.policies import Loads
@@ -90,6 +91,10 @@ def test_a_faster_main_decode_takes_over_once_it_caught_up_with_the_client():
     assert req.tokens == [100 + i for i in range(TOTAL)]
     assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
     assert req.longest_gap < 3 * 0.06  # the stream slowed at most, never stopped
+    # the record says when and why relay decode stopped: main decode held, or at its
+    # pace would have in time, what the router held (not the limit: it caught up)
+    assert req.record.relay_stop_reason in (RelayStop.CAUGHT_UP, RelayStop.IN_TIME)
+    assert req.record.relay_stopped is not None
 
 
 def test_a_main_decode_slower_than_relay_decode_still_takes_over_without_one_stall():
@@ -106,6 +111,8 @@ def test_a_main_decode_slower_than_relay_decode_still_takes_over_without_one_sta
     # main decode was ~20 tokens (2.4 s) behind what the router held at the stop: one
     # stall would be most of that; spread, no gap is more than a few even shares
     assert len(gaps) >= 10 and max(gaps) < 0.3 * waited
+    assert req.record.relay_stop_reason == RelayStop.LIMIT
+    assert req.record.relay_stop_md_behind >= 10
     assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
     # evenly: the switch itself (the first token only main decode gave) is no longer a
     # gap than the spread ones (it was 1.3x them: the queue ran out a token early)
