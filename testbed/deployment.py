@@ -41,7 +41,7 @@ from testbed.inventory import LocalHosts, LogMirror, RemoteServer
 from testbed.manifest import manifest
 from testbed.model import describe as describe_model
 from testbed.model import serving_limits
-from testbed.router.config import RouterConfig, ServerEntry
+from testbed.router.config import RouterConfig, ServerEntry, upstream_keep_alive_s
 from testbed.router.validate import RequestLimits
 from testbed.scenario import Scenario
 from testbed.server import (
@@ -356,7 +356,7 @@ class Deployment:
             port=cfg.router_port,
             pdd=self._pdd_config(),
             limits=self._request_limits(),
-            upstream_keep_alive_s=0.4 * self.scenario.servers.http_keep_alive_s,
+            upstream_keep_alive_s=upstream_keep_alive_s(self.scenario.servers.http_keep_alive_s),
             # A far server's probe crosses the WAN; under emulation probes are as rare in
             # testbed time as in the target's, so they take no more of the dilated WAN.
             health_interval_s=0.5 * self._dilation,

@@ -24,7 +24,7 @@ from reports.cost import CostTable
 from reports.sla import SLA
 from testbed.dilation import EmulationSpec
 from testbed.inventory import InventorySpec
-from testbed.router.config import PddConfig
+from testbed.router.config import HTTP_KEEP_ALIVE_S, PddConfig
 from topologies.link import DILATION_SAFE
 from topologies.spec import NetworkSpec
 from workloads.spec import WorkloadSpec
@@ -97,7 +97,7 @@ class ServersSpec(BaseModel):
         "(dilated under emulation: a deployment's pool outlives many requests).",
     )
     http_keep_alive_s: float = Field(
-        5.0,
+        HTTP_KEEP_ALIVE_S,
         gt=0,
         description="SGLang's HTTP servers close a keep-alive connection idle this long "
         "(SGLANG_TIMEOUT_KEEP_ALIVE); the router closes its own idle ones at 0.4 x this, "

@@ -10,6 +10,16 @@ from protocol.kv import POOL_REUSE_S
 from protocol.names import Role
 from testbed.router.validate import RequestLimits
 
+HTTP_KEEP_ALIVE_S = 5.0  # SGLang's HTTP servers' own idle keep-alive (SGLANG_TIMEOUT_KEEP_ALIVE)
+
+
+def upstream_keep_alive_s(server_keep_alive_s: float = HTTP_KEEP_ALIVE_S) -> float:
+    """How long the router keeps an idle connection to a server whose HTTP server closes
+    one idle ``server_keep_alive_s``: 0.4x that, so the router closes first (a request
+    sent on a connection as the server closes it fails with "Server disconnected", seen
+    with think times of a few seconds)."""
+    return 0.4 * server_keep_alive_s
+
 
 class ServerEntry(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -141,7 +151,10 @@ class RouterConfig(BaseModel):
     port: int = 8000
     upstream_timeout_s: float = 600.0
     upstream_keep_alive_s: float = Field(
-        2.0, gt=0, allow_inf_nan=False, description="Idle connections to servers close after."
+        upstream_keep_alive_s(),
+        gt=0,
+        allow_inf_nan=False,
+        description="Idle connections to servers close after (see upstream_keep_alive_s).",
     )
     health_interval_s: float = Field(
         0.5, gt=0, allow_inf_nan=False, description="How often each server is probed."

@@ -15,7 +15,7 @@ from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
 from protocol.records import RequestRecord
 from protocol.stream import Chunk
-from testbed.router.config import ServerEntry
+from testbed.router.config import ServerEntry, upstream_keep_alive_s
 
 
 class UpstreamError(RuntimeError):
@@ -25,9 +25,9 @@ class UpstreamError(RuntimeError):
 class Upstream:
     """The router's HTTP client to its servers."""
 
-    def __init__(self, timeout_s: float, connections: int = 512, keep_alive_s: float = 2.0):
+    def __init__(self, timeout_s: float, connections: int = 512, keep_alive_s: float | None = None):
         self.timeout_s, self.connections = timeout_s, connections
-        self.keep_alive_s = keep_alive_s
+        self.keep_alive_s = upstream_keep_alive_s() if keep_alive_s is None else keep_alive_s
         self.sessions: dict[str, ClientSession] = {}
         self.closed = True
 
@@ -44,11 +44,7 @@ class Upstream:
         if self.closed:
             raise UpstreamError("the router is shutting down")
         if role not in self.sessions:
-            # SGLang's HTTP server (uvicorn) closes idle keep-alive connections after
-            # servers.http_keep_alive_s (5 s); a request sent on one as it closes fails
-            # with "Server disconnected" (seen with think times of a few seconds).
-            # Closing them first, at 0.4 x that (the deployment's keep_alive_s), avoids
-            # the race.
+            # idle connections close before the server closes them (upstream_keep_alive_s)
             self.sessions[role] = ClientSession(
                 timeout=ClientTimeout(total=self.timeout_s),
                 connector=TCPConnector(keepalive_timeout=self.keep_alive_s, limit=self.connections),

@@ -11,7 +11,9 @@ import pytest
 from capacity.pacing import Pacing
 from protocol.env import Env
 from testbed.dilation import EmulationSpec, for_testbed, pacing_env, record
+from testbed.router.config import upstream_keep_alive_s
 from testbed.scenario import Scenario, ScenarioError
+from testbed.server import server_env
 from testbed.workload_cli import locust_argv
 
 TINY_KV = 8192
@@ -41,6 +43,17 @@ def test_the_testbed_view_dilates_every_time_and_scales_the_wan_rate():
     run_s = 100 * TINY_KV * 8 / (run.network.wan.rate_mbit * 1e6)
     assert run_s == pytest.approx(k * target_s)
     assert run.emulation.applied and for_testbed(run, TINY_KV) == run  # applied once
+
+
+def test_the_servers_keep_alive_reaches_sglang_and_the_router_closes_first():
+    """Each server's HTTP keep-alive (dilated on hetero) is what its SGLang gets, in
+    whole seconds and never shorter; the router's own idle connections close before it."""
+    for name in ("default", "hetero"):
+        servers = for_testbed(Scenario.load(name), TINY_KV).servers
+        env = dict(server_env(servers, Path("/tmp/transfers.jsonl")))
+        assert servers.http_keep_alive_s <= int(env[Env.HTTP_KEEP_ALIVE_S])
+        assert int(env[Env.HTTP_KEEP_ALIVE_S]) < servers.http_keep_alive_s + 1
+        assert upstream_keep_alive_s(servers.http_keep_alive_s) < servers.http_keep_alive_s
 
 
 def test_without_emulation_nothing_changes():
