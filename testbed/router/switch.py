@@ -28,7 +28,10 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     at its recent pace would decode past what the router holds before the client has
     been served what is queued;
     and at the latest once main decode has decoded ``switch_limit_tokens`` (relay
-    decode is a stage and must free its slot). The tokens still queued after the stop
+    decode is a stage and must free its slot), unless that stop would stall the client
+    (main decode's wait spread over the queued tokens over twice the paced interval)
+    while relay decode ends the request before main decode has the client's next token:
+    relay decode then finishes it. The tokens still queued after the stop
     are spaced so that they last until main decode reaches them: the client's wait
     for a slower main decode is spread over them, not one stall. While relay decode
     will have decoded the whole request before main decode could take it over (see
@@ -50,6 +53,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     # it does not run far ahead of main decode only to wait for it at the switch
     expected = max(itl, req.p.loads.itl.get(req.route.main_decode.name, 0.0))
     md_pace = _Pace()  # main decode's tokens per second since its first chunk
+    rld_pace = _Pace()  # relay decode's, from its chunks after the final handoff
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
     last_sent, md_count = req.record.token_times[-1], 0
@@ -77,7 +81,17 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                 and known
                 and md_pace.seconds_for(have + 1 - md_count) <= (have - len(req.tokens) + 1) * pace
             )
+            # or at the latest at the limit, unless the stop would stall the client (main
+            # decode's wait, spread over the queued tokens, over twice the paced interval)
+            # and relay decode ends the request first anyway (hetero run 084227: relay
+            # decode ran unpaced, sure to end first, then slowed as its batch grew; main
+            # decode was 20-30 tokens behind the client at the limit, and the stop stalled
+            # the client 5.8 and 7.9 s, 5 and 16 tokens before the end)
             limit = not md_failed and md_pace.tokens >= req.p.pdd.switch_limit_tokens
+            if limit and rld_open:
+                wait = md_pace.seconds_until(have + 1 - md_count)
+                stall = (clock.now() - last_sent + wait) / (len(queue) + 1) > 2 * pace
+                limit = not (stall and wait > _rld_seconds_left(req, have, itl, rld_pace))
             if (caught_up or in_time or limit) and rld_open:  # relay decode stops
                 from_rld.cancel()
                 close_rld()
@@ -127,6 +141,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                     rld_open = False
                     req.record.decode_server = req.route.main_decode.name
                 else:
+                    rld_pace.add(int(chunk.meta.get("completion_tokens", 0)))
                     have = _queue(queue, chunk, have)
                     req.record.eager_tokens = have
                     rld_finished = chunk.finished or chunk.done
@@ -225,6 +240,13 @@ def _relay_decode_ends_it(req, have: int, itl: float, expected: float, md_pace: 
     # before main decode has streamed: its expected interval from now on
     md_s = md_pace.seconds_until(limit - md_pace.tokens) if md_pace.tokens else limit * expected
     return left * itl * req.p.pdd.switch_pace < md_s
+
+
+def _rld_seconds_left(req, have: int, itl: float, rld_pace: _Pace) -> float:
+    """How long relay decode takes to decode the rest of the request (up to its
+    ``max_new_tokens``) at its recent pace (its interval at the handoff until measured)."""
+    left = max(0, max_new_tokens(req.body) - have)
+    return rld_pace.seconds_for(left) if rld_pace.tokens >= 2 else left * itl
 
 
 def _itl(token_times: list[float]) -> float:

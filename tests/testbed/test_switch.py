@@ -51,6 +51,7 @@ class Request:
         self.body = {"sampling_params": {"max_new_tokens": TOTAL}}
         times = [now - (EAGER - i) * itl_s for i in range(EAGER)]
         self.record = SimpleNamespace(token_times=times, handoff_s=None, eager_tokens=EAGER)
+        self.record.relay_stop_reason = None
         self.record.decode_server, self.record.fallback = "rld", None
         pdd = PddConfig(switch_pace=1.25, switch_tokens=4, switch_limit_tokens=8)
         self.p = SimpleNamespace(pdd=pdd, loads=Loads())
@@ -193,6 +194,23 @@ def test_relay_decode_that_will_end_the_request_first_is_not_paced_at_main_decod
         later = [b - a for a, b in zip(req.sent[EAGER:], req.sent[EAGER + 1 :], strict=False)]
         gaps[limit] = statistics.median(later)
     assert gaps[48] < 1.5 * 0.03 < 0.1 < gaps[8]
+
+
+def test_relay_decode_that_ends_the_request_before_main_decode_reaches_the_client_is_not_stopped():
+    """Relay decode ran ahead unpaced (it looked sure to end the request first), then
+    slowed (hetero: its batch grew) and main decode reached ``switch_limit_tokens`` 16
+    tokens behind the client. Stopped at the limit, the client would wait about 1.6 s for
+    main decode (hetero run 084227: 5.8 and 7.9 s); relay decode ends the request in two
+    of its slow steps instead."""
+    req = Request(itl_s=0.03)
+    req.p.pdd = PddConfig(switch_pace=1.25, switch_tokens=4, switch_limit_tokens=12)
+    req.p.loads.learn_itl("md", [i * 0.1 for i in range(10)], switched=False)
+    relay = steps(EAGER + 1, [0.03] * 25 + [0.3])  # count 37 at 0.75 s, then 0.3 s a token
+    ended_on_rld = run(req, relay, stream(EAGER - 2, 0.1))  # the limit at 1.3 s, count 22
+    assert ended_on_rld and not req.rld_closed and req.record.relay_stop_reason is None
+    assert req.tokens == [100 + i for i in range(TOTAL)]
+    assert req.longest_gap < 0.4  # relay decode's slow steps, no wait for main decode
+    assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
 
 
 def test_relay_decode_stops_only_once_main_decode_holds_the_clients_next_token():
