@@ -28,6 +28,7 @@ feasible combination wins.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -146,10 +147,13 @@ def holds_weights(dev: Device, model: TargetModel, chips: int, headroom: float =
     return weights <= headroom * chips * dev.memory_gb * 1e9
 
 
+@functools.lru_cache(maxsize=1024)
 def decode_batch(
     dev: Device, model: TargetModel, chips: int, ctx: float, itl_s: float, headroom: float
 ) -> tuple[int, float]:
-    """(largest batch meeting the ITL bound and fitting in memory, its step time)."""
+    """(largest batch meeting the ITL bound and fitting in memory, its step time).
+    Cached: each design's search asks for the same few (a bisection over batches of up
+    to a few hundred thousand sequences, each a roofline pass summed per sequence)."""
     free = chips * dev.memory_gb * 1e9 - model.parameters_b * 1e9 * model.weight_bytes_per_parameter
     by_memory = int(free * headroom / (ctx * model.kv_bytes_per_token)) if free > 0 else 0
 

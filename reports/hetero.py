@@ -79,6 +79,14 @@ def plan(run: RunData) -> pd.DataFrame:
     return frame[["design", "pools", "wan", "cost_per_hour", "bcr", "bcr_vs_baseline", "note"]]
 
 
+def sensitivity(run: RunData) -> dict[str, pd.DataFrame]:
+    """The planner's sensitivity tables the bench wrote (``testbed.planning.sensitivity``):
+    ``one_at_a_time`` and ``reaching_paper``; empty frames for a run without them."""
+    path = run.path / "sensitivity.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    return {key: pd.DataFrame(data.get(key, [])) for key in ("one_at_a_time", "reaching_paper")}
+
+
 def bathtub(run: RunData) -> pd.DataFrame:
     """The modelled bathtub the bench wrote for this run (relative to no hit)."""
     return pd.DataFrame(_rows(run, "bathtub.json"))

@@ -25,6 +25,7 @@ EMPTY = {
     "wan_bytes": "No KV crossed the WAN in this run.",
     "pacing": "No server paced its passes (no emulation in this scenario).",
     "plan": "No trace in the run directory to plan for.",
+    "sensitivity": "No sensitivity table in this run (runs before it, or nothing to plan).",
     "bathtub": "No completed requests to measure.",
 }
 
@@ -68,6 +69,8 @@ def build(run: RunData) -> str:
     html_tables["harness"] = _html(harness(run), "harness")
     faithful = hetero.faithful(run)
     html_tables["plan"] = _html(hetero.plan(run), "plan")
+    for key, frame in hetero.sensitivity(run).items():
+        html_tables[f"sensitivity_{key}"] = _html(frame, "sensitivity")
     if run.emulation:
         figures["bathtub"] = plots.bathtub(hetero.bathtub(run))
     first = next(iter(run.systems.values()), None)

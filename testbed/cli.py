@@ -251,6 +251,9 @@ def reproduce(
 def plan(
     scenario: str = typer.Argument("hetero", help="Scenario file or name in scenarios/."),
     rps: float = typer.Option(None, help="Target load (default: the scenario's plan.target_rps)."),
+    sensitivity: bool = typer.Option(
+        False, help="Also how the BCR gains move with GPU-B's price and bandwidth and the hit."
+    ),
     overrides: list[str] = SET,
 ) -> None:
     """Size each design for the scenario's trace under its SLA; print the BCR table."""
@@ -268,9 +271,12 @@ def plan(
         with tempfile.TemporaryDirectory() as tmp:
             trace = Trace.load(sc.workload.materialize(Path(tmp)))
         rows = planning.plan_rows(sc, trace)
+        tables = planning.sensitivity(sc, trace) if sensitivity else {}
     except (ScenarioError, ValueError) as exc:
         raise fail(exc) from exc
     console.print(planning.table(rows, sc))
+    for title, table in tables.items():
+        console.print(planning.rows_table(table, f"sensitivity: {title.replace('_', ' ')}"))
 
 
 if __name__ == "__main__":

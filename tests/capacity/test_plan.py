@@ -110,11 +110,71 @@ def test_plan_command_prints_the_table_and_refuses_bad_input(tmp_path):
             env={"COLUMNS": "160", "PATH": ""},
         )
 
-    done = run("hetero", "--rps", "100")
+    done = run("hetero", "--rps", "100", "--sensitivity")
     assert done.returncode == 0, done.stderr[-2000:]
     for word in ("same_site_pd", "cross_site_pd", "pdd", "baseline", "GPU-B", "Gbit/s"):
+        assert word in done.stdout, word
+    for word in ("sensitivity: one at a time", "memory bandwidth", "reaching paper"):
         assert word in done.stdout, word
     bad = tmp_path / "one_site.yaml"
     bad.write_text("cost: {site_accelerators: {A: GPU-A}}\n")
     done = run(str(bad))
     assert done.returncode != 0 and "sites A and B" in done.stdout + done.stderr
+
+
+def test_moving_the_mean_hit_keeps_each_requests_order_and_reaches_the_target():
+    reqs = tuple(plan.Req(1000, cached, 10) for cached in (0, 200, 500, 900))  # mean 40%
+    for target in (0.1, 0.4, 0.8, 0.95):
+        moved = planning.with_mean_hit(reqs, target)
+        hits = [r.cached / r.n_in for r in moved]
+        assert np.mean(hits) == pytest.approx(target, abs=0.002)
+        assert hits == sorted(hits) and all(0 <= h <= 1 for h in hits)
+        assert [(r.n_in, r.n_out) for r in moved] == [(r.n_in, r.n_out) for r in reqs]
+
+
+def test_the_sensitivity_table_says_which_assumptions_reach_the_papers_gain(tmp_path):
+    """hetero's planner: a cheaper GPU-B or a higher mean hit raise pdd's BCR gain; the
+    scenario's own row is the plan table's; and the lowest hit reaching +37.5% at each
+    price is the first of the list that does. The bench writes it; the report reads it."""
+    sc = Scenario.load("hetero")
+    trace_path = sc.workload.materialize(tmp_path)
+    from workloads.trace import Trace
+
+    trace = Trace.load(trace_path)
+    table = planning.sensitivity(sc, trace)
+    rows = table["one_at_a_time"]
+    plan_gain = {r["design"]: r["bcr_vs_baseline"] for r in planning.plan_rows(sc, trace)}
+    own = [r for r in rows if r["scenario's"]]
+    marked = {r["assumption"] for r in own}
+    assert marked >= {"none: the scenario's", "GPU-B price", "GPU-B memory bandwidth"}
+    for r in own:
+        if r["assumption"] != "mean prefix hit":  # the trace's own hit is 88%, not listed
+            assert r["pdd_bcr_vs_same_site"] == pytest.approx(plan_gain["pdd"])
+    by_price = [r["pdd_bcr_vs_same_site"] for r in rows if r["assumption"] == "GPU-B price"]
+    assert by_price == sorted(by_price, reverse=True) and by_price[0] > by_price[-1]
+    by_hit = [r["pdd_bcr_vs_same_site"] for r in rows if r["assumption"] == "mean prefix hit"]
+    assert by_hit == sorted(by_hit) and by_hit[-1] > by_hit[0]
+    assert all(r["reaches_paper"] == (r["pdd_bcr_vs_same_site"] >= 0.375) for r in rows)
+    reaching = table["reaching_paper"]
+    assert [r["GPU-B price"] for r in reaching] == list(planning.B_PRICES)
+    assert any(r["lowest mean hit reaching +37.5%"] is not None for r in reaching)
+    x = planning.inputs(sc, trace)
+    for r in reaching:
+        hit = r["lowest mean hit reaching +37.5%"]
+        if hit is None:
+            continue
+        assert r["pdd_bcr_vs_same_site"] >= 0.375
+        lower = [h for h in planning.REACHING_HITS if h < hit]
+        if lower:  # the hit just below does not reach it
+            priced = planning._priced(x, r["GPU-B price"])
+            gain = planning._gains(planning._hit(priced, max(lower)), sc.plan.target_rps)["pdd"]
+            assert gain < 0.375
+    # the bench's file, as the report reads it
+    planning.write_tables(sc, trace_path, tmp_path)
+    from types import SimpleNamespace
+
+    from reports import hetero
+
+    frames = hetero.sensitivity(SimpleNamespace(path=tmp_path))
+    assert len(frames["one_at_a_time"]) == len(rows)
+    assert list(frames["reaching_paper"]["GPU-B price"]) == list(planning.B_PRICES)
