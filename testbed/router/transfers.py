@@ -116,6 +116,7 @@ class TransferIndex:
         wait_s = 0.5 if record.status == "ok" else 0.1
         transfer = await self.lookup(room, server.transfer_log, wait_s)
         self._join_stamps(route, record)
+        sender = self._sender_to(route, server, room)
         self.forget(room)
         if transfer is None:
             return
@@ -126,6 +127,8 @@ class TransferIndex:
         # time (mooncake run: 8 of 117 such, prediction error P95 468% with, 188% without).
         record.kv_transfer_s = transfer.seconds if transfer.ok else None
         record.kv_cwnd_bytes, record.kv_retransmits = transfer.cwnd_bytes, transfer.retransmits
+        if sender is not None:
+            record.kv_retransmits = max(transfer.retransmits, sender.retransmits)
         record.kv_link = "lan" if route.prefill.site == server.site else "wan"
         if record.kv_link == "wan":
             record.wan_first_byte, record.wan_end = transfer.first_byte, transfer.end
@@ -133,6 +136,19 @@ class TransferIndex:
             record.fallback = f"{record.fallback}; KV transfer: {transfer.reason}"[:500]
         elif not transfer.ok and record.status == "ok":
             record.status, record.error = "upstream_error", f"KV transfer failed: {transfer.reason}"
+
+    def _sender_to(self, route: Route, server, room: int) -> TransferRecord | None:
+        """The prefill sender's line for ``room`` to ``server`` (a dual-path room also
+        sends to relay decode). The receiver has the sender's retransmissions as of its
+        Done frame, with the last windows still in flight; the sender's own line, written
+        after decode's Ack, has them all (hetero run 111130: 0 in the Done frame, 163 and
+        270 in the sender's line, where a 2.9 MB window burst into the rate limiter's
+        queue and 1.7 MB took 16 s)."""
+        if route.prefill is None or route.prefill.transfer_log is None:
+            return None
+        lines = self.sent(room, route.prefill.transfer_log)
+        to_server = [t for t in lines if t.peer.rsplit(":", 1)[0] == server.host]
+        return to_server[-1] if to_server else None
 
     def _join_stamps(self, route: Route, record: RequestRecord) -> None:
         """When P finished computing, when the first token's decoder held the KV, and

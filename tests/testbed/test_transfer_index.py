@@ -69,3 +69,46 @@ def test_a_transfer_cut_short_gives_the_record_no_transfer_time(tmp_path):
     assert done.kv_transfer_s == 0.5 and done.kv_link == "wan"
     assert cut.kv_transfer_s is None and cut.kv_bytes == 8 and cut.kv_link == "wan"
     assert "aborted on decode" in cut.error
+
+
+def test_the_record_counts_the_senders_retransmissions_to_its_decoder(tmp_path):
+    """The receiver has the sender's count as of the Done frame; the sender's own line,
+    written after decode's Ack, has the losses of the last windows too. Only the line to
+    the record's decoder counts (a dual-path room also sends to relay decode)."""
+    from protocol.names import Pipeline, Role
+    from protocol.records import RequestRecord
+    from testbed.router.config import ServerEntry
+    from testbed.router.policies import Route
+
+    logs = {side: tmp_path / f"{side}.jsonl" for side in ("p", "md")}
+    prefill = ServerEntry(
+        name="p", url="http://p", role=Role.PREFILL, host="p", transfer_log=logs["p"]
+    )
+    md = ServerEntry(
+        name="md",
+        url="http://md",
+        role=Role.MAIN_DECODE,
+        site="B",
+        host="10.0.2.1",
+        transfer_log=logs["md"],
+    )
+    route = Route(Pipeline.P_MD, "test", md, prefill=prefill, main_decode=md)
+
+    def sent(peer: str, retransmits: int) -> str:
+        r = TransferRecord(
+            room=1,
+            side="prefill",
+            peer=peer,
+            start=1.0,
+            end=2.1,
+            first_byte=1.4,
+            status="success",
+            retransmits=retransmits,
+        )
+        return json.dumps(asdict(r)) + "\n"
+
+    logs["p"].write_text(sent("10.0.2.1:40756", 163) + sent("10.0.1.2:40111", 999))
+    logs["md"].write_text(line(1, kv_bytes=8, wire_bytes=9, status="success", retransmits=0))
+    record = RequestRecord(request_id="1", system="pdd", endpoint="/generate", arrival=0.0, room=1)
+    asyncio.run(TransferIndex(list(logs.values())).join(route, record))
+    assert record.kv_retransmits == 163
