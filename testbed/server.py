@@ -281,6 +281,8 @@ def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_k
         (Env.KV_POOL_REUSE_TIMEOUT_S, str(cfg.kv_pool_reuse_s)),
         (Env.HTTP_KEEP_ALIVE_S, str(math.ceil(cfg.http_keep_alive_s))),
     ]
+    if cfg.kv_pacing:
+        env.append((Env.KV_PACING, "1"))
     if frame_key:
         env.append((Env.FRAME_KEY, frame_key))
     if handoff_port is not None:

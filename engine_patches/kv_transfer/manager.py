@@ -27,7 +27,14 @@ from sglang.srt.disaggregation.base.conn import BaseKVBootstrapServer, BaseKVMan
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol import tls
 from protocol.env import Env, kv_timeout
-from protocol.frames import MsgType, ProtocolError, configure_socket, recv_frame, send_frame
+from protocol.frames import (
+    MsgType,
+    ProtocolError,
+    configure_socket,
+    enable_pacing,
+    recv_frame,
+    send_frame,
+)
 from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S, TransferRequest, Window
 from protocol.records import JsonlWriter
 
@@ -103,6 +110,7 @@ class TcpKVManager(BaseKVManager):
         )
         self.tls_client = tls.client_context()
         self.log = JsonlWriter(os.environ.get(Env.KV_TRANSFER_LOG))
+        self.pacing = os.environ.get(Env.KV_PACING) == "1"  # servers.kv_pacing
         self.prefill_info_table = _SingleRankPrefills()
         self._incoming: dict[int, list[Incoming]] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # room → (reason, when)
@@ -224,6 +232,8 @@ class TcpKVManager(BaseKVManager):
         try:
             conn.settimeout(wait_s or self.timeouts.connect)
             configure_socket(conn, self.timeouts.idle)
+            if fresh and self.pacing:
+                enable_pacing(conn)
             if fresh and self.tls is not None:  # a new connection: TLS first (servers.tls)
                 conn = self.tls.wrap_socket(conn, server_side=True)
             try:

@@ -254,3 +254,25 @@ def test_a_large_read_that_trickles_finishes_and_one_that_stalls_times_out():
     finally:
         sender.close()
         reader.close()
+
+
+def test_a_paced_kv_socket_has_the_kernels_pacing_on_and_still_carries_frames():
+    """servers.kv_pacing: prefill's accepted KV connections get a finite (uncapping)
+    SO_MAX_PACING_RATE, which turns on the kernel's TCP pacing; frames flow as before."""
+    import socket
+    import struct
+
+    from protocol.frames import SO_MAX_PACING_RATE, enable_pacing
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        with client, server:
+            rate = server.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8)
+            assert struct.unpack("=Q", rate)[0] == 2**64 - 1  # the default: no pacing
+            enable_pacing(server)
+            rate = server.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8)
+            assert struct.unpack("=Q", rate)[0] == 2**63
+            send_frame(server, MsgType.KV_CHUNK, 7, b"x" * 100_000)
+            kind, room, body = recv_frame(client)
+            assert (kind, room, len(body)) == (MsgType.KV_CHUNK, 7, 100_000)

@@ -47,13 +47,17 @@ def test_the_testbed_view_dilates_every_time_and_scales_the_wan_rate():
 
 def test_the_servers_keep_alive_reaches_sglang_and_the_router_closes_first():
     """Each server's HTTP keep-alive (dilated on hetero) is what its SGLang gets, in
-    whole seconds and never shorter; the router's own idle connections close before it."""
+    whole seconds and never shorter; the router's own idle connections close before it.
+    Prefill paces its KV sends only where the scenario says so."""
     for name in ("default", "hetero"):
         servers = for_testbed(Scenario.load(name), TINY_KV).servers
         env = dict(server_env(servers, Path("/tmp/transfers.jsonl")))
         assert servers.http_keep_alive_s <= int(env[Env.HTTP_KEEP_ALIVE_S])
         assert int(env[Env.HTTP_KEEP_ALIVE_S]) < servers.http_keep_alive_s + 1
         assert upstream_keep_alive_s(servers.http_keep_alive_s) < servers.http_keep_alive_s
+        assert Env.KV_PACING not in env  # the kernel's default unless servers.kv_pacing
+        paced = dict(server_env(servers.model_copy(update={"kv_pacing": True}), Path("/t")))
+        assert paced[Env.KV_PACING] == "1"
 
 
 def test_without_emulation_nothing_changes():
