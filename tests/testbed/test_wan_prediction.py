@@ -9,7 +9,7 @@ import pytest
 
 from testbed.router.tcp_model import INITIAL_WINDOW, flow_rate_bound, slow_start_s
 from testbed.router.wan import WanLine
-from tests.testbed.wan_line import MB, Clock, alone, settled
+from tests.testbed.wan_line import MB, Clock, alone, sent, settled
 
 
 def test_slow_start_costs_round_trips_until_the_window_fills_the_pipe():
@@ -98,6 +98,7 @@ def test_transfers_that_shared_the_line_do_not_train_the_fit():
     clock.now += 3.0
     line.start(5, MB)  # ... so 5 was routed while 4 was outstanding, but after it ended
     line.settle(4, settled(4, 4 * MB, 2.0, end=clock.now - 0.5))
+    line.sender_end(4, sent(4))
     assert line.goodput < 4 * MB  # 4 had the line to itself: it trains the fit
 
 
@@ -188,6 +189,30 @@ def test_a_transfer_that_never_settles_does_not_keep_the_fit_from_learning():
     for room, size in enumerate((MB // 10, 2 * MB, MB // 10, 2 * MB), start=2):
         alone(line, clock, room, size, 0.04 + size / (2 * MB))
     assert 1 in line.outstanding and line.goodput < 5 * MB  # it learned the slower line
+
+
+def test_a_lone_transfer_is_learned_with_its_senders_final_retransmission_count():
+    """The receiver's line has the sender's count as of the Done frame, before the last
+    windows' losses; the model learns a lone transfer once the sender's line (after
+    decode's Ack) is in too, whichever comes first. Hetero run 111130: 1.7 MB in 16 s,
+    0 retransmissions at the Done frame and 163 at the end, was learned as the line's
+    goodput (0.1 MB/s) where it was a loss."""
+    clock = Clock()
+    line = WanLine(rate_bytes_s=2 * MB, one_way_s=0.0, clock=clock, loss=0.0001)
+    clock.now += 1.0
+    line.start(1, 2 * MB)
+    clock.now += 16.0
+    line.settle(1, settled(1, 2 * MB, 16.0, end=clock.now))  # 0 at the Done frame
+    assert line.goodput == 2 * MB  # not learned yet: the sender's count is not in
+    line.sender_end(1, sent(1, retransmits=163))
+    assert line.goodput == 2 * MB  # a loss, not the line's rate
+    assert line.loss_cost.value == pytest.approx((16.0 - 1.0) / 163)
+    clock.now += 1.0  # the sender's line first, then the receiver's: learned at once
+    line.start(2, MB)
+    clock.now += 1.0
+    line.sender_end(2, sent(2))
+    line.settle(2, settled(2, MB, 1.0, end=clock.now))
+    assert line.goodput == pytest.approx(MB)
 
 
 def test_a_lossless_transfer_teaches_the_goodput_and_a_lossy_one_what_a_loss_costs():

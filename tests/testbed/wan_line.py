@@ -43,9 +43,19 @@ def settled(
     )
 
 
+def sent(room: int, retransmits: int = 0) -> TransferRecord:
+    """The sender's record of a transfer, as its line after decode's Ack has it: its
+    final retransmission count (no window: it changes no pooled connection here)."""
+    return TransferRecord(
+        room=room, side="prefill", peer="md:1", start=0.0, end=0.0, retransmits=retransmits
+    )
+
+
 def alone(line: WanLine, clock: Clock, room: int, nbytes: int, seconds: float, **kw) -> None:
-    """One transfer with the line to itself: routed, run for ``seconds``, settled."""
+    """One transfer with the line to itself: routed, run for ``seconds``, settled by the
+    receiver's log line and then the sender's (with the same retransmissions)."""
     clock.now += 1.0
     line.start(room, nbytes)
     clock.now += seconds
     line.settle(room, settled(room, nbytes, seconds, end=clock.now, **kw))
+    line.sender_end(room, sent(room, kw.get("retransmits", 0)))
