@@ -33,11 +33,9 @@ def test_lines_are_read_as_they_grow_bad_ones_skipped_and_rooms_forgotten(tmp_pa
     assert index.peek(1, log) is not None
 
 
-def test_a_transfer_cut_short_gives_the_record_no_transfer_time(tmp_path):
-    """Its bytes and its reason are kept, but a part of a transfer is not what the WAN
-    prediction is measured against."""
+def _p_md_route(tmp_path, md_host: str):
+    """A P->MD route whose servers' transfer logs are files in ``tmp_path``."""
     from protocol.names import Pipeline, Role
-    from protocol.records import RequestRecord
     from testbed.router.config import ServerEntry
     from testbed.router.policies import Route
 
@@ -50,10 +48,18 @@ def test_a_transfer_cut_short_gives_the_record_no_transfer_time(tmp_path):
         url="http://md",
         role=Role.MAIN_DECODE,
         site="B",
-        host="md",
+        host=md_host,
         transfer_log=logs["md"],
     )
-    route = Route(Pipeline.P_MD, "test", md, prefill=prefill, main_decode=md)
+    return logs, Route(Pipeline.P_MD, "test", md, prefill=prefill, main_decode=md)
+
+
+def test_a_transfer_cut_short_gives_the_record_no_transfer_time(tmp_path):
+    """Its bytes and its reason are kept, but a part of a transfer is not what the WAN
+    prediction is measured against."""
+    from protocol.records import RequestRecord
+
+    logs, route = _p_md_route(tmp_path, md_host="md")
     logs["p"].write_text("")
     logs["md"].write_text(
         line(1, kv_bytes=8, wire_bytes=9, status="success")
@@ -75,24 +81,9 @@ def test_the_record_counts_the_senders_retransmissions_to_its_decoder(tmp_path):
     """The receiver has the sender's count as of the Done frame; the sender's own line,
     written after decode's Ack, has the losses of the last windows too. Only the line to
     the record's decoder counts (a dual-path room also sends to relay decode)."""
-    from protocol.names import Pipeline, Role
     from protocol.records import RequestRecord
-    from testbed.router.config import ServerEntry
-    from testbed.router.policies import Route
 
-    logs = {side: tmp_path / f"{side}.jsonl" for side in ("p", "md")}
-    prefill = ServerEntry(
-        name="p", url="http://p", role=Role.PREFILL, host="p", transfer_log=logs["p"]
-    )
-    md = ServerEntry(
-        name="md",
-        url="http://md",
-        role=Role.MAIN_DECODE,
-        site="B",
-        host="10.0.2.1",
-        transfer_log=logs["md"],
-    )
-    route = Route(Pipeline.P_MD, "test", md, prefill=prefill, main_decode=md)
+    logs, route = _p_md_route(tmp_path, md_host="10.0.2.1")
 
     def sent(peer: str, retransmits: int) -> str:
         r = TransferRecord(
