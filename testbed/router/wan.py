@@ -7,13 +7,15 @@ Lifecycle of one transfer on a :class:`WanLine`::
     predict(bytes) ─▶ start(room, bytes)   the router sends the request (P->MD, P->RLD->MD)
                         │ counted in the backlog, which drains at the goodput
                         ▼
-                      settle(room, record)  the receiver's log says it ended: the
-                        │                   goodput average learns from it, an empty
-                        │                   line has no backlog left, and its
+                      settle(room, record)  the receiver's log says it ended: an
+                        │                   empty line has no backlog left, and its
                         │                   connection goes back to the pool
                         ▼
                       sender_end(room, record)  the sender's log: the window its
-                                            connection really ended with
+                                            connection really ended with, and its
+                                            final retransmission count, with which
+                                            a lone transfer is learned (the goodput,
+                                            or what a loss costs); either log first
 
 What is predicted is what the receiver measures: its first KV byte to its last, less any
 time the sender waited for prefill between chunks (``TransferRecord.seconds``).
