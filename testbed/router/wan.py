@@ -11,11 +11,9 @@ Lifecycle of one transfer on a :class:`WanLine`::
                         │                   empty line has no backlog left, and its
                         │                   connection goes back to the pool
                         ▼
-                      sender_end(room, record)  the sender's log: the window its
-                                            connection really ended with, and its
-                                            final retransmission count, with which
-                                            a lone transfer is learned (the goodput,
-                                            or what a loss costs); either log first
+                      sender_end(room, record)  the sender's log: its connection's
+                                            final window and retransmission count
+                                            (a lone transfer is learned with it)
 
 What is predicted is what the receiver measures: its first KV byte to its last, less any
 time the sender waited for prefill between chunks (``TransferRecord.seconds``).
@@ -74,14 +72,11 @@ share's pipe, and the share's time is not added on top of a ramp to the whole li
 
 The rest — framing, the receiver's work, what the model misses — is in the goodput:
 the median rate, less what slow start explains, of the recent settled transfers that
-had the line to themselves and lost nothing (the sender counted no retransmission).
-Had the line to themselves: no other transfer's measured first byte to last byte
-overlapped theirs, and none the model still has on the wire was routed before they
-ended (one that shared the line says nothing the model could have known). Lossy
-transfers teach ``loss_cost`` instead: without that split a loss model too
-pessimistic explained nearly all of a lossy transfer's time, its rate came out above
-the line's, and the goodput stayed at its seed (the line rate, while transfers under
-load went at about 60% of it).
+had the line to themselves and lost nothing (by the sender's final count). Had the
+line to themselves: no other transfer's measured first byte to last byte overlapped
+theirs, and none the model still has on the wire was routed before they ended. Lossy
+transfers teach ``loss_cost`` instead; without that split a pessimistic loss model left
+the goodput at its seed (the line's rate, where loaded transfers went at about 60%).
 """
 
 from __future__ import annotations
@@ -159,10 +154,7 @@ class WanLine:
         # senders' end windows (and connections) read before the receiver's settle
         self.ended: dict[int, tuple[Congestion, str]] = {}
         # Senders' final retransmission counts read before the receiver's line, and lone
-        # transfers the receiver settled, waiting for their sender's count: the receiver
-        # has it as of the Done frame, before the last windows' losses (hetero run
-        # 111130: 0 there, 163 and 270 in the sender's line; learned as loss-free, a
-        # 1.7 MB transfer that took 16 s taught the goodput 0.1 MB/s).
+        # transfers waiting for theirs (see sender_end; docs: "Warm windows burst").
         self.resent: dict[int, int] = {}
         self.unlearned: dict[int, tuple[TransferRecord, Congestion]] = {}
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
@@ -369,10 +361,11 @@ class WanLine:
             self.loss_cost.add(max(0.0, seconds - x / self.goodput) / resent)
 
     def sender_end(self, room: int, record: TransferRecord) -> None:
-        """The sender's log line for ``room``: its final retransmission count (a lone
-        transfer is learned from once it is known), and the window its connection ended
-        with, once the receiver's Ack came back (decode has it too, from the Window
-        frame)."""
+        """The sender's log line for ``room``, written after decode's Ack: its final
+        retransmission count (the receiver's, from the Done frame, misses the last
+        windows' losses: hetero run 111130, 0 against 163), with which a lone transfer
+        is learned, and the window its connection ended with (decode has it too, from
+        the Window frame)."""
         pending = self.unlearned.pop(room, None)
         if pending is not None:
             self._learn(*pending, record.retransmits)
