@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -50,6 +51,18 @@ class PingStats:
     avg_ms: float
     max_ms: float
     mdev_ms: float
+    rtts_ms: tuple[float, ...] = ()  # each reply's RTT, in arrival order
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.rtts_ms)
+
+    @property
+    def iqr_ms(self) -> float:
+        """The spread of the middle half: unlike mdev, a few replies that a scheduling
+        stall of the shared machine delayed do not move it."""
+        q1, _, q3 = statistics.quantiles(self.rtts_ms, n=4)
+        return q3 - q1
 
 
 def ping(
@@ -60,7 +73,7 @@ def ping(
     interval: float = 0.02,
     wait_s: float = 2.0,
 ) -> PingStats:
-    argv = ["ping", "-q", "-c", str(count), "-i", f"{interval:g}", "-W", f"{wait_s:g}"]
+    argv = ["ping", "-c", str(count), "-i", f"{interval:g}", "-W", f"{wait_s:g}"]
     out = net.run(
         src,
         [*argv, net.address(dst)],
@@ -71,7 +84,8 @@ def ping(
     rtt = re.search(r"= ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+) ms", out)
     if not rtt:
         raise RuntimeError(f"no RTT from {src} to {dst}: {out.strip()}")
-    return PingStats(sent, received, *map(float, rtt.groups()))
+    rtts = tuple(float(t) for t in re.findall(r"time=([\d.]+) ms", out))
+    return PingStats(sent, received, *map(float, rtt.groups()), rtts_ms=rtts)
 
 
 def iperf(

@@ -65,6 +65,12 @@ class LinkSpec(BaseModel):
         """Std-dev of RTT with independent uniform ±j jitter each way: j·√(2/3)."""
         return self.jitter_ms * math.sqrt(2 / 3)
 
+    @property
+    def expected_rtt_iqr_ms(self) -> float:
+        """Interquartile range of RTT with that jitter: the sum of two uniform ±j is
+        triangular on ±2j, whose quartiles lie 2j·(1 − 1/√2) from its centre."""
+        return 4 * self.jitter_ms * (1 - 1 / math.sqrt(2))
+
     def mininet_params(self) -> dict:
         """The same link for Mininet (used by ``mn --custom`` runs): a shaped link is a
         ``TCLink`` of its own (``cls``), so it is shaped without ``--link tc``."""

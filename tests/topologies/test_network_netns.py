@@ -39,23 +39,27 @@ def test_wan_delay_and_jitter(make_network):
     net = make_network(LinkSpec(delay_ms=10))
     stats = ping(net, "c1", "md1", count=100)
     # The delay is applied to every packet (no RTT below 2 x 10 ms, the emulator's own
-    # cost under 1 ms); the mean may carry the shared machine's scheduling noise.
-    assert 20.0 <= stats.min_ms <= 21.0 and stats.avg_ms <= 22.0, stats
+    # cost under 1 ms); the median, not the mean, so that the shared machine's
+    # scheduling stalls do not decide.
+    assert 20.0 <= stats.min_ms <= 21.0 and stats.median_ms <= 21.0, stats
     net.down()
 
     spec = LinkSpec(delay_ms=10, jitter_ms=2)
     net = make_network(spec)
 
     def as_configured(stats) -> bool:
-        spread = abs(stats.mdev_ms - spec.expected_rtt_mdev_ms) <= 0.3 * spec.expected_rtt_mdev_ms
-        return spread and abs(stats.avg_ms - 20.0) <= 1.5  # symmetric jitter: the mean stays
+        # The middle half of the replies, so that the few a scheduling stall of the
+        # shared machine delays (CI: mean +1.9 ms, mdev +37% twice in a row) do not
+        # decide: symmetric jitter keeps the median where the delay alone puts it
+        # (2 x delay plus the emulator's cost under 1 ms), and the spread of the
+        # middle half is the triangular one of two uniform ±j.
+        spread = abs(stats.iqr_ms - spec.expected_rtt_iqr_ms) <= 0.3 * spec.expected_rtt_iqr_ms
+        return spread and 20.0 <= stats.median_ms <= 21.5 and len(stats.rtts_ms) == 200
 
-    # A full test run shares the machine: one scheduling stall of 50 ms doubles the
-    # deviation of 200 pings. A second sample must then hold; two stalls fail.
     stats = ping(net, "c1", "md1", count=200)
     if not as_configured(stats):
         stats = ping(net, "c1", "md1", count=200)
-    assert as_configured(stats), stats
+    assert as_configured(stats), (stats.median_ms, stats.iqr_ms, stats)
 
 
 def test_tcp_goodput_follows_the_wan_rate(make_network):
