@@ -81,8 +81,8 @@ def with_mean_hit(requests: tuple[planner.Req, ...], target: float) -> tuple[pla
     hit scaled down towards 0, or up towards 1 in proportion to what it lacks of a full
     hit (the order of requests by hit is kept; a request with no hit stays without one
     only when the mean goes down)."""
-    hits = np.array([r.cached / r.n_in if r.n_in else 0.0 for r in requests])
-    mean = float(hits.mean()) if len(hits) else 0.0
+    hits = _hits(requests)
+    mean = _mean_hit(requests)
     if target <= mean:
         moved = hits * (target / mean) if mean else hits
     else:
@@ -132,7 +132,7 @@ def sensitivity(
                 "scenario's": assumption.startswith("none") or own.get(assumption) == value,
                 "pdd_bcr_vs_same_site": gain.get("pdd"),
                 "cross_site_bcr_vs_same_site": gain.get("cross_site_pd"),
-                "reaches_paper": (gain.get("pdd") or -1.0) >= PAPER_BCR_GAIN,
+                "reaches_paper": _at_paper(gain.get("pdd")),
             }
         )
     reaching = []
@@ -158,16 +158,25 @@ def sensitivity(
 def _reaches(x: planner.Inputs, rps: float) -> float | None:
     """pdd's BCR gain if it reaches PDD.md's +37.5%, else None."""
     gain = _gains(x, rps).get("pdd")
-    return gain if gain is not None and gain >= PAPER_BCR_GAIN else None
+    return gain if _at_paper(gain) else None
+
+
+def _at_paper(gain: float | None) -> bool:
+    return gain is not None and gain >= PAPER_BCR_GAIN
 
 
 def _gains(x: planner.Inputs, rps: float) -> dict[str, float | None]:
     return {r["design"]: r["bcr_vs_baseline"] for r in planner.rows(planner.plan_all(x), rps)}
 
 
+def _hits(requests) -> np.ndarray:
+    """Each request's prefix hit (a request without input: none)."""
+    return np.array([r.cached / r.n_in if r.n_in else 0.0 for r in requests])
+
+
 def _mean_hit(requests) -> float:
-    hits = [r.cached / r.n_in for r in requests if r.n_in]
-    return float(np.mean(hits)) if hits else 0.0
+    hits = _hits(requests)
+    return float(hits.mean()) if len(hits) else 0.0
 
 
 def _bw(device: planner.Device) -> str:

@@ -26,8 +26,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
+from protocol.metrics import percentile
 from protocol.names import Role
 from protocol.records import TransferRecord, from_dict, read_jsonl
 from testbed.router.config import RouterConfig
@@ -122,7 +121,7 @@ def summary(rows: list[Replayed]) -> dict[str, float]:
         errors = [Replayed.error(getattr(r, f"{name}_s"), r.measured_s) for r in rows]
         errors = [e for e in errors if not math.isnan(e)]
         for q in (50, 95):
-            out[f"{name}_p{q}"] = float(np.percentile(errors, q)) if errors else math.nan
+            out[f"{name}_p{q}"] = percentile(errors, q)
     return out
 
 

@@ -108,13 +108,8 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                 close_rld()
                 rld_open = False
                 req.record.decode_server = req.route.main_decode.name
-                why = (
-                    RelayStop.CAUGHT_UP
-                    if caught_up
-                    else RelayStop.IN_TIME
-                    if in_time
-                    else RelayStop.LIMIT
-                )
+                reasons = {RelayStop.CAUGHT_UP: caught_up, RelayStop.IN_TIME: in_time}
+                why = next((r for r, hit in reasons.items() if hit), RelayStop.LIMIT)
                 req.record.relay_stopped, req.record.relay_stop_reason = clock.now(), why.value
                 req.record.relay_stop_md_behind = max(0, have - md_count)
             # main decode still behind what the client will get (unless relay decode

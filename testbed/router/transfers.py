@@ -9,8 +9,10 @@ parts), and the router's WAN line learns from the lines as they appear (``on_lin
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import socket
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,7 +149,8 @@ class TransferIndex:
         if route.prefill is None or route.prefill.transfer_log is None:
             return None
         lines = self.sent(room, route.prefill.transfer_log)
-        to_server = [t for t in lines if t.peer.rsplit(":", 1)[0] == server.host]
+        addresses = _addresses(server.host)
+        to_server = [t for t in lines if t.peer.rsplit(":", 1)[0].strip("[]") in addresses]
         return to_server[-1] if to_server else None
 
     def _join_stamps(self, route: Route, record: RequestRecord) -> None:
@@ -164,3 +167,14 @@ class TransferIndex:
         if route.main_decode is not None and route.main_decode.transfer_log is not None:
             final = [h for h in logs.handoffs(room, route.main_decode.transfer_log) if h.final]
             record.handoff_extended = final[-1].extended_at if final else None
+
+
+@functools.lru_cache(maxsize=64)
+def _addresses(host: str) -> frozenset[str]:
+    """A server's addresses, as a sender's log names its peer: an inventory may give a
+    hostname (resolved once; unresolvable, it matches no line and the record keeps the
+    receiver's count)."""
+    try:
+        return frozenset({host} | {info[4][0] for info in socket.getaddrinfo(host, None)})
+    except OSError:
+        return frozenset({host})

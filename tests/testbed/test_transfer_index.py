@@ -8,6 +8,8 @@ import asyncio
 import json
 from dataclasses import asdict
 
+import pytest
+
 from protocol.records import TransferRecord
 from testbed.router.transfers import TransferIndex
 
@@ -77,13 +79,17 @@ def test_a_transfer_cut_short_gives_the_record_no_transfer_time(tmp_path):
     assert "aborted on decode" in cut.error
 
 
-def test_the_record_counts_the_senders_retransmissions_to_its_decoder(tmp_path):
+@pytest.mark.parametrize(
+    ("md_host", "peer"), [("10.0.2.1", "10.0.2.1:40756"), ("localhost", "127.0.0.1:40756")]
+)
+def test_the_record_counts_the_senders_retransmissions_to_its_decoder(tmp_path, md_host, peer):
     """The receiver has the sender's count as of the Done frame; the sender's own line,
     written after decode's Ack, has the losses of the last windows too. Only the line to
-    the record's decoder counts (a dual-path room also sends to relay decode)."""
+    the record's decoder counts (a dual-path room also sends to relay decode), its host
+    named by address or, in an inventory, by a hostname."""
     from protocol.records import RequestRecord
 
-    logs, route = _p_md_route(tmp_path, md_host="10.0.2.1")
+    logs, route = _p_md_route(tmp_path, md_host=md_host)
 
     def sent(peer: str, retransmits: int) -> str:
         r = TransferRecord(
@@ -98,7 +104,7 @@ def test_the_record_counts_the_senders_retransmissions_to_its_decoder(tmp_path):
         )
         return json.dumps(asdict(r)) + "\n"
 
-    logs["p"].write_text(sent("10.0.2.1:40756", 163) + sent("10.0.1.2:40111", 999))
+    logs["p"].write_text(sent(peer, 163) + sent("10.0.1.2:40111", 999))
     logs["md"].write_text(line(1, kv_bytes=8, wire_bytes=9, status="success", retransmits=0))
     record = RequestRecord(request_id="1", system="pdd", endpoint="/generate", arrival=0.0, room=1)
     asyncio.run(TransferIndex(list(logs.values())).join(route, record))
