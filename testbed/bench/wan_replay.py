@@ -8,7 +8,8 @@ clock that follows the run, the events the live router saw, in time order:
 
 - each request whose KV crossed the WAN, routed at its ``dispatched`` time
   (``predict``, then ``start``), warm-up requests included (the router learned from
-  them too);
+  them too), and those whose transfer ended after their record was written (not
+  scored, but on the line);
 - each far-site receiver's log line at its ``end`` (``settle``);
 - each prefill sender's line to a far-site host at its ``end`` (``sender_end``).
 
@@ -84,16 +85,25 @@ def replay(system_dir: Path) -> list[Replayed]:
     load = _lines(system_dir / "records.jsonl")
     scored = {id(r) for r in load}  # the warm-up's requests teach the line, unscored
     records = _lines(system_dir / "warmup-records.jsonl") + load
-    routed = [r for r in records if r.get("kv_link") == "wan" and r.get("room") in received]
+    # what the router put on the line: its bytes where recorded, also for a request
+    # whose record was written before its transfer ended (no kv_link then: relay decode
+    # finished it, and main decode went on receiving the KV for its cache)
+    routed = [
+        r
+        for r in records
+        if r.get("room") in received and (r.get("wan_own_bytes") or r.get("kv_link") == "wan")
+    ]
     events = sorted(
         [(r["dispatched"], ROUTED, r) for r in routed]
         + [(t.end, SETTLED, t) for t in received.values()]
         + [(t.end, SENDER, t) for t in sent],
         key=lambda e: (e[0], e[1]),
     )
-    now = [0.0]
-    line = wan_line(config.pdd)
-    line.clock = lambda: now[0]
+    # the line's clock follows the run from its first event (on the wall clock, the
+    # model stood at the replay's own time, after the whole run: it drained nothing
+    # and learned no lag, and predicted hetero's opening burst 2-10x the router's)
+    now = [events[0][0] if events else 0.0]
+    line = wan_line(config.pdd, clock=lambda: now[0])
     out = []
     for at, kind, item in events:
         now[0] = at

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from protocol import headers
+from protocol.clock import now as clock_now
 from protocol.names import Pipeline, Role
 from testbed.router.config import PddConfig, RouterConfig, ServerEntry
 from testbed.router.mirror import PrefixMirror
@@ -187,11 +188,13 @@ class ThresholdPolicy(PddPolicy):
         return Route(Pipeline.P_MD, reason, main, prefill, wan=wan)
 
 
-def wan_line(pdd: PddConfig) -> WanLine:
-    """A WAN line seeded by the configured rate (bytes/s), one-way delay and loss."""
+def wan_line(pdd: PddConfig, clock: Callable[[], float] = clock_now) -> WanLine:
+    """A WAN line seeded by the configured rate (bytes/s), one-way delay and loss, on
+    ``clock`` (a replay's follows the stored run: the line starts at its first reading)."""
     return WanLine(
         pdd.wan_rate_mbit * 1e6 / 8,
         pdd.wan_one_way_s,
+        clock=clock,
         loss=pdd.wan_loss_pct / 100,
         pool_reuse_s=pdd.kv_pool_reuse_s,
     )
