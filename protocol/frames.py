@@ -284,6 +284,20 @@ class TcpState(NamedTuple):
     retransmits: int = 0  # segments retransmitted over the connection's life
 
 
+def idle_since(sock: socket.socket) -> float | None:
+    """Seconds since the connection last sent data, once everything it sent has been
+    acknowledged (none of its bytes is queued or on the wire any more); None while some
+    are, or where the kernel does not say."""
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0]
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except OSError:
+        return None
+    if queued or len(raw) < _TCP_INFO.size:
+        return None
+    return _TCP_INFO.unpack(raw)[8 + 9] / 1000  # tcpi_last_data_sent, in ms
+
+
 def tcp_state(sock: socket.socket) -> TcpState:
     """A connection's congestion state; all 0 where the kernel does not say."""
     try:

@@ -79,8 +79,9 @@ class KvChunkHeader:
 class Done:
     total_pages: int
     total_bytes: int
-    # Seconds the sender waited, after its first chunk, for prefill to compute the next:
-    # the receiver's first-to-last-byte time less this is the wire's.
+    # Seconds the wire idled, after the first chunk, while the sender waited for prefill
+    # to compute the next (from when all it had sent was acknowledged): the receiver's
+    # first-to-last-byte time less this is the wire's.
     sender_wait_s: float = 0.0
     # The sender's TCP state (protocol.frames.tcp_state): its congestion window when the
     # first chunk left, the segments it retransmitted until this frame, its window and

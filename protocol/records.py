@@ -128,8 +128,9 @@ class TransferRecord:
     wire_bytes: int = 0  # every frame, headers included (TCP/IP headers excluded)
     decode_prefix_len: int = 0
     page_size: int = 1
-    # Between its first and last chunk, the sender waited this long for prefill to
-    # compute (a chunked prefill; a room that offered its cached pages first).
+    # Between its first and last chunk, the wire idled this long while the sender waited
+    # for prefill to compute (a chunked prefill; a room that offered its cached pages
+    # first): from when all it had sent was acknowledged.
     sender_wait_s: float = 0.0
     # The sender's TCP connection: its congestion window and slow start threshold when
     # the first chunk left (a window below the bandwidth-delay product costs slow-start

@@ -37,7 +37,14 @@ from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransfer
 
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
 from protocol import clock
-from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame, tcp_state
+from protocol.frames import (
+    MsgType,
+    ProtocolError,
+    idle_since,
+    recv_frame,
+    send_frame,
+    tcp_state,
+)
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
@@ -111,10 +118,9 @@ class _Leg:
         offered = sent = 0  # pages of the send stream seen / sent to this destination
         try:
             while self.state == "pending":
-                asked = time.monotonic()
-                pages, last, aux = self._next_chunk(conn, asked)
+                pages, last, aux, idle_s = self._next_chunk(conn)
                 if record.first_byte is not None:  # the wire idled for prefill
-                    record.sender_wait_s += time.monotonic() - asked
+                    record.sender_wait_s += idle_s
                 keep = pages[max(0, self.skip - offered) :]
                 offered += len(pages)
                 sent = self._send_pages(conn, keep, sent)
@@ -166,21 +172,30 @@ class _Leg:
                 reason = f"transfer to {self.incoming.peer} stalled: {reason}"
             self.fail(reason)
 
-    def _next_chunk(self, conn, asked: float):
-        """Prefill's next chunk of pages. While prefill computes it, a Waiting frame
-        every third of the idle timeout tells decode the transfer is alive: its idle
-        timeout is for a stalled wire (a cut WAN), and a long prompt's next chunk on a
-        busy prefill can take longer than that."""
+    def _next_chunk(self, conn):
+        """Prefill's next chunk of pages, and how long of the wait for it the wire idled:
+        from when the connection had sent its last byte and all were acknowledged (until
+        then it still carried the chunk before: counting the whole wait took those bytes'
+        time off the measured transfer, and small transfers were measured faster than the
+        line's rate). While prefill computes, a Waiting frame every third of the idle
+        timeout tells decode the transfer is alive: its idle timeout is for a stalled wire
+        (a cut WAN), and a long prompt's next chunk on a busy prefill can take longer."""
         mgr, room = self.sender.kv_mgr, self.sender.room
+        asked, idle_from = time.monotonic(), None
         while True:
             try:
-                return self.queue.get(timeout=max(0.05, mgr.timeouts.idle / 3))
+                pages, last, aux = self.queue.get(timeout=max(0.05, mgr.timeouts.idle / 3))
             except queue.Empty:
+                idle_from = idle_from or _idle_from(conn)  # before a Waiting frame's bytes
                 if time.monotonic() - asked > mgr.timeouts.first_data:
                     raise TimeoutError("no KV chunk came from the scheduler") from None
                 if self.state != "pending":
                     raise TimeoutError("the transfer ended while prefill computed") from None
                 self.record.wire_bytes += send_frame(conn, MsgType.WAITING, room)
+                continue
+            idle_from = idle_from or _idle_from(conn)
+            idle_s = time.monotonic() - max(asked, idle_from) if idle_from else 0.0
+            return pages, last, aux, idle_s
 
     def _send_pages(self, conn, pages: np.ndarray, first: int) -> int:
         pool = self.sender.kv_mgr.pool
@@ -345,3 +360,9 @@ class TcpKVSender(BaseKVSender):
                 leg.released = True
         for leg in closing:
             leg.incoming.conn.close()
+
+
+def _idle_from(conn) -> float | None:
+    """When (monotonic) the connection last sent data, if nothing of it is in flight."""
+    since = idle_since(conn)
+    return None if since is None else time.monotonic() - since

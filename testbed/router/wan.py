@@ -16,7 +16,7 @@ Lifecycle of one transfer on a :class:`WanLine`::
                                             (a lone transfer is learned with it)
 
 What is predicted is what the receiver measures: its first KV byte to its last, less any
-time the sender waited for prefill between chunks (``TransferRecord.seconds``).
+time the wire idled while the sender waited for prefill (``TransferRecord.seconds``).
 
 The line is a fluid model of TCP over a rate-limited drop-tail queue. Transfers on
 it share the rate equally (processor sharing), so a transfer of ``s`` bytes among

@@ -123,9 +123,17 @@ def test_an_early_start_room_no_decode_asks_for_fails_after_the_bootstrap_timeou
         sender.failure_exception()
 
 
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """Two ends of a loopback TCP connection (the sender reads the kernel's TCP state)."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        one = socket.create_connection(listener.getsockname())
+        other, _ = listener.accept()
+    return one, other
+
+
 def _three_page_room(idle_s: float = 5.0):
     """A plain room of three pages whose decode request is parked: (room, its sender
-    after init, decode's end of the connection)."""
+    after init, decode's end of the connection, over loopback TCP)."""
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from engine_patches.kv_transfer.manager import Incoming
@@ -136,7 +144,7 @@ def _three_page_room(idle_s: float = 5.0):
     pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
     mgr = _StandInManager(pool, idle_s=idle_s)
     room = new_room()
-    prefill_end, decode_end = socket.socketpair()
+    prefill_end, decode_end = _tcp_pair()
     request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
     mgr.parked[room] = [Incoming(prefill_end, "d:1", request, 0.0)]
     sender = TcpKVSender(mgr, "p:1", room)
@@ -147,7 +155,8 @@ def _three_page_room(idle_s: float = 5.0):
 
 def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time():
     """A chunk, then prefill computes for 0.3 s, then the last chunk: the Done frame tells
-    the receiver how long the wire idled, and the record's seconds leave it out."""
+    the receiver how long the wire idled (from when the first chunk was sent and
+    acknowledged), and the record's seconds leave it out."""
     import threading
     import time
 

@@ -4,6 +4,7 @@ the same bytes, and both refuse what is not a frame."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -276,3 +277,33 @@ def test_a_paced_kv_socket_has_the_kernels_pacing_on_and_still_carries_frames():
             send_frame(server, MsgType.KV_CHUNK, 7, b"x" * 100_000)
             kind, room, body = recv_frame(client)
             assert (kind, room, len(body)) == (MsgType.KV_CHUNK, 7, 100_000)
+
+
+def test_a_connection_is_idle_once_all_it_sent_is_acknowledged_and_says_since_when():
+    """What the KV sender counts as the wire's idle time while it waits for prefill:
+    from its last data sent, and only once none of its bytes is queued or in flight
+    (counting the whole wait, the chunk before's own time on the wire was lost)."""
+    from protocol.frames import idle_since
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        with client, server:
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            client.setblocking(False)
+            sent = 0
+            with contextlib.suppress(BlockingIOError):  # until the peer's buffer is full
+                while sent < 64 << 20:
+                    sent += client.send(b"x" * 65536)
+            assert idle_since(client) is None  # unread: bytes queued and unacknowledged
+            got = 0
+            server.settimeout(5)
+            while got < sent:
+                got += len(server.recv(1 << 20))
+            time.sleep(0.3)
+            idle = idle_since(client)
+            assert idle is not None and 0.25 <= idle <= 2.0, idle
+    a, b = socket.socketpair()  # not TCP: the kernel does not say
+    with a, b:
+        assert idle_since(a) is None
