@@ -20,8 +20,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     with the client, tokens leave the queue at most one per ``switch_pace`` x an
     inter-token interval (relay decode's until main decode has decoded
     ``switch_tokens``, then main decode's own), so the client's stream slows a little
-    instead of stopping for the takeover. A main decode faster than relay decode
-    needs no such margin: while relay decode streams, the client keeps its rhythm.
+    instead of stopping for the takeover.
 
     Relay decode's request is aborted (``close_rld``) once main decode has the token
     after those the client has and has decoded ``switch_settle_tokens`` since its first
@@ -52,8 +51,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     # main decode's interval on its recent requests: until its pace in this request is
     # measured, the client is not served faster than main decode is expected to go, so
     # it does not run far ahead of main decode only to wait for it at the switch
-    md_itl = req.p.loads.itl.get(req.route.main_decode.name, 0.0)
-    expected = max(itl, md_itl)
+    expected = max(itl, req.p.loads.itl.get(req.route.main_decode.name, 0.0))
     md_pace = _Pace()  # main decode's tokens per second since its first chunk
     rld_pace = _Pace()  # relay decode's, from its chunks after the final handoff
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
@@ -67,15 +65,6 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # after the switch (a faster main decode then catches up with relay decode's)
             known = md_pace.tokens >= req.p.pdd.switch_tokens
             pace = req.p.pdd.switch_pace * (md_pace.seconds_for(1) if known else expected)
-            # A main decode faster than relay decode (at its pace in this request, or
-            # before that on its recent requests) catches up by itself: while relay
-            # decode streams, the client keeps relay decode's rhythm, no margin (hetero
-            # run 111130: gaps of 1.25 x relay decode's 0.26-0.39 s step). Should main
-            # decode turn out slower, the limit's guard keeps relay decode on where the
-            # stop would stall the client and relay decode ends the request first.
-            md_interval = md_pace.seconds_for(1) if known else md_itl
-            if rld_open and 0 < md_interval < itl:
-                pace = itl
             # main decode holds the client's next token, and its first steps with the
             # request in its batch are behind it (default run N: the one or two after
             # its final extend took 55-80 ms where it then ran at 35; with relay decode
