@@ -153,8 +153,7 @@ class WanLine:
         self.pool: list[_Idle] = []  # idle connections
         # senders' end windows (and connections) read before the receiver's settle
         self.ended: dict[int, tuple[Congestion, str]] = {}
-        # Senders' final retransmission counts read before the receiver's line, and lone
-        # transfers waiting for theirs (see sender_end; docs: "Warm windows burst").
+        # senders' final retransmission counts read first, lone transfers awaiting theirs
         self.resent: dict[int, int] = {}
         self.unlearned: dict[int, tuple[TransferRecord, Congestion]] = {}
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
@@ -395,6 +394,7 @@ class WanLine:
             self.pool = [c for c in self.pool if c is idle or c.conn != idle.conn]
 
     def _forget_ended(self) -> None:
-        """Drop senders' windows whose transfers the model no longer has."""
-        for room in [r for r in self.ended if r not in self.outstanding]:
-            del self.ended[room]
+        """Drop senders' windows and counts whose transfers the model no longer has."""
+        for held in (self.ended, self.resent):
+            for room in [r for r in held if r not in self.outstanding]:
+                del held[room]

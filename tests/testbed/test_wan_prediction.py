@@ -191,6 +191,20 @@ def test_a_transfer_that_never_settles_does_not_keep_the_fit_from_learning():
     assert 1 in line.outstanding and line.goodput < 5 * MB  # it learned the slower line
 
 
+def test_a_senders_count_for_a_transfer_dropped_unsettled_is_not_kept():
+    """The sender's line came, the receiver's never did (the request failed, decode
+    never logged it): once the transfer is dropped as stale, its count goes too."""
+    from testbed.router.wan import STALE_S
+
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, clock=clock)
+    line.start(1, MB)
+    line.sender_end(1, sent(1, retransmits=3))
+    clock.now += STALE_S + 1
+    alone(line, clock, 2, MB, 0.2)
+    assert 1 not in line.outstanding and 1 not in line.resent
+
+
 def test_a_lone_transfer_is_learned_with_its_senders_final_retransmission_count():
     """The receiver's line has the sender's count as of the Done frame, before the last
     windows' losses; the model learns a lone transfer once the sender's line (after
