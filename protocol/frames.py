@@ -25,8 +25,8 @@ import ssl
 import struct
 import termios
 from pathlib import Path
-from typing import NamedTuple
 
+from protocol import clock, tcp
 from protocol.env import Env
 
 MAGIC = b"PDKV"
@@ -263,75 +263,34 @@ class RcvLowat:
 def recv_frame(
     sock: socket.socket, on_header=None, limits: dict[MsgType, int] | None = None
 ) -> tuple[MsgType, int, bytearray]:
-    """Read one frame; ``on_header(kind)`` runs once the header is in, before the body."""
-    head = bytes(recv_exact(sock, HEADER.size))
-    kind, room, length = parse_header(head, limits)
-    if on_header is not None:
-        on_header(kind)
+    """Read one frame; ``on_header(kind, arrived)`` runs once the header is in, before
+    the body, with when its first bytes reached this host (see :func:`_recv_head`)."""
+    if on_header is None:
+        head = bytes(recv_exact(sock, HEADER.size))
+        kind, room, length = parse_header(head, limits)
+    else:
+        head, arrived = _recv_head(sock)
+        kind, room, length = parse_header(head, limits)
+        on_header(kind, arrived)
     body = recv_exact(sock, length)
     if _key:
         _check_tag(head, body, recv_exact(sock, TAG_BYTES))
     return kind, room, body
 
 
-_TCP_INFO = struct.Struct("8B24I")  # struct tcp_info up to tcpi_total_retrans (linux/tcp.h)
-_NO_SSTHRESH = 0x7FFFFFFF  # TCP_INFINITE_SSTHRESH: slow start has not ended yet
-
-
-class TcpState(NamedTuple):
-    cwnd_bytes: int = 0  # congestion window: snd_cwnd x snd_mss
-    ssthresh_bytes: int = 0  # slow start threshold; 0 while it has none (no loss yet)
-    retransmits: int = 0  # segments retransmitted over the connection's life
-
-
-def idle_since(sock: socket.socket) -> float | None:
-    """Seconds since the connection last sent data, once everything it sent has been
-    acknowledged (none of its bytes is queued or on the wire any more); None while some
-    are, or where the kernel does not say."""
-    try:
-        queued = struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0]
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
-    except OSError:
-        return None
-    if queued or len(raw) < _TCP_INFO.size:
-        return None
-    return _TCP_INFO.unpack(raw)[8 + 9] / 1000  # tcpi_last_data_sent, in ms
-
-
-def tcp_state(sock: socket.socket) -> TcpState:
-    """A connection's congestion state; all 0 where the kernel does not say."""
-    try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
-    except OSError:
-        return TcpState()
-    if len(raw) < _TCP_INFO.size:
-        return TcpState()
-    info = _TCP_INFO.unpack(raw)[8:]  # the u32 fields after eight u8s
-    mss, ssthresh, cwnd, retransmits = info[2], info[17], info[18], info[23]
-    ssthresh_bytes = 0 if ssthresh >= _NO_SSTHRESH else min(ssthresh * mss, 2**32 - 1)
-    return TcpState(min(cwnd * mss, 2**32 - 1), ssthresh_bytes, retransmits)
-
-
-def configure_socket(sock: socket.socket, idle_timeout: float) -> None:
-    """No Nagle; and a dead path (a cut WAN) is detected within ~``idle_timeout``,
-    whether data is in flight (TCP_USER_TIMEOUT) or the connection is idle (keepalive)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, int(idle_timeout / 3)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, int(idle_timeout / 6)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(idle_timeout * 1000))
-
-
-SO_MAX_PACING_RATE = 47  # Linux's, not in Python's socket module
-
-
-def enable_pacing(sock: socket.socket) -> None:
-    """Have the kernel pace this TCP socket's sends (its internal pacing, at about twice
-    cwnd / srtt in slow start and 1.2x in congestion avoidance) instead of sending each
-    window as a burst. Any finite ``SO_MAX_PACING_RATE`` turns it on; this one caps
-    nothing. Pacing follows the measured round trip, so it dilates with the link."""
-    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=Q", 2**63))
+def _recv_head(sock: socket.socket) -> tuple[bytes, float]:
+    """A frame header, and when (records' clock) its first bytes reached this host: the
+    kernel's stamp where the socket asked for them (``tcp.stamp_arrivals``), else the
+    time it was read (TLS, or no stamp)."""
+    if isinstance(sock, ssl.SSLSocket):
+        return bytes(recv_exact(sock, HEADER.size)), clock.now()
+    data, ancdata, _, _ = sock.recvmsg(HEADER.size, tcp.ARRIVAL_CMSG_BYTES)
+    if not data:
+        raise ConnectionResetError("peer closed the connection before a frame header")
+    arrived = tcp.arrival(ancdata) or clock.now()
+    if len(data) < HEADER.size:
+        data += bytes(recv_exact(sock, HEADER.size - len(data)))
+    return data, arrived
 
 
 # -- asyncio (the router) --------------------------------------------------------------

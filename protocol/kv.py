@@ -83,7 +83,7 @@ class Done:
     # to compute the next (from when all it had sent was acknowledged): the receiver's
     # first-to-last-byte time less this is the wire's.
     sender_wait_s: float = 0.0
-    # The sender's TCP state (protocol.frames.tcp_state): its congestion window when the
+    # The sender's TCP state (protocol.tcp.tcp_state): its congestion window when the
     # first chunk left, the segments it retransmitted until this frame, its window and
     # slow start threshold now (where the connection's next transfer starts), and its
     # slow start threshold when the first chunk left (0: none, still in slow start).

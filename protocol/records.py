@@ -120,7 +120,10 @@ class TransferRecord:
     peer: str
     start: float
     end: float | None = None
-    first_byte: float | None = None  # first KV chunk on the wire: end - first_byte is transfer time
+    # Decode's side: when the first KV chunk and the Done frame reached its host (the
+    # kernel's stamps; read times where it gives none). The sender's: its first chunk left.
+    first_byte: float | None = None
+    last_byte: float | None = None
     status: str = "running"  # success | failed
     reason: str | None = None
     pages: int = 0
@@ -151,12 +154,17 @@ class TransferRecord:
         return self.status == "success"
 
     @property
+    def wire_end(self) -> float | None:
+        """When the wire's part ended: the Done frame's arrival, else the record's end."""
+        return self.last_byte or self.end
+
+    @property
     def seconds(self) -> float | None:
-        """The wire's time: first KV byte to the end, less the sender's wait for prefill
+        """The wire's time: first KV byte to the last, less the sender's wait for prefill
         (None when no KV moved or it did not end)."""
         if self.end is None or not self.first_byte:
             return None
-        return max(0.0, self.end - self.first_byte - self.sender_wait_s)
+        return max(0.0, self.wire_end - self.first_byte - self.sender_wait_s)
 
 
 @dataclass

@@ -41,7 +41,12 @@ from testbed.inventory import LocalHosts, LogMirror, RemoteServer
 from testbed.manifest import manifest
 from testbed.model import describe as describe_model
 from testbed.model import serving_limits
-from testbed.router.config import RouterConfig, ServerEntry, upstream_keep_alive_s
+from testbed.router.config import (
+    UPSTREAM_TIMEOUT_S,
+    RouterConfig,
+    ServerEntry,
+    upstream_keep_alive_s,
+)
 from testbed.router.validate import RequestLimits
 from testbed.scenario import Scenario
 from testbed.server import (
@@ -361,6 +366,9 @@ class Deployment:
             # testbed time as in the target's, so they take no more of the dilated WAN.
             health_interval_s=0.5 * self._dilation,
             health_timeout_s=2.0 * self._dilation + 8 * self.scenario.network.wan.delay_ms / 1000,
+            # 600 s of the target's time: at k = 203 an undilated one is 3 s of it, and
+            # a baseline's queue under load timed requests out (hetero run 144348)
+            upstream_timeout_s=UPSTREAM_TIMEOUT_S * self._dilation,
             tokenizer=self.scenario.model.resolve(),
         )
         path = self.run_dir / "router.json"

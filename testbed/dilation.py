@@ -112,6 +112,7 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     data["servers"]["kv_pool_reuse_s"] *= k
     data["servers"]["http_keep_alive_s"] *= k
     data["workload"]["rate_rps"] /= k  # an open loop's rate, in testbed time
+    data["workload"]["request_timeout_s"] *= k
     stop = data["workload"]["stop_timeout_s"]  # requests in flight at the end, likewise
     data["workload"]["stop_timeout_s"] = max(stop, min(stop * k, MAX_STOP_TIMEOUT_S))
     if scenario.workload.trace is not None:  # a trace file's arrivals and pauses

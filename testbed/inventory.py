@@ -39,7 +39,7 @@ from topologies.process import HostProcess
 HARNESS = "harness"  # the one "host" of LocalHosts: this machine
 PLACES = ("prefill", "relay_decode", "main_decode")  # the two-site plan's server hosts
 # Fields of transfer-log lines that are wall-clock times (moved onto the harness's clock)
-TIME_FIELDS = ("start", "end", "first_byte", "received", "extended_at", "time")
+TIME_FIELDS = ("start", "end", "first_byte", "last_byte", "received", "extended_at", "time")
 MIRROR_CHUNK = 4 << 20  # bytes asked of an agent per read
 
 

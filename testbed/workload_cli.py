@@ -116,6 +116,8 @@ def locust_argv(router_url: str, trace: Path, workload, out_dir: Path) -> list[s
         str(workload.vocab_size),
         "--max-requests",
         str(workload.max_requests),
+        "--request-timeout",
+        f"{workload.request_timeout_s:g}",
         "--records",
         str(out_dir / "client.jsonl"),
         "--csv",

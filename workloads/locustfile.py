@@ -70,6 +70,9 @@ def _args(parser):
     parser.add_argument("--vocab-size", type=int, default=4096, help="Token ids are < this")
     parser.add_argument("--token-seed", type=int, default=0, help="Seed of block → token ids")
     parser.add_argument("--max-requests", type=int, default=0, help="Stop after N (0: all)")
+    parser.add_argument(
+        "--request-timeout", type=float, default=900.0, help="Seconds without a response byte"
+    )
     parser.add_argument("--records", default="", help="Per-request client records (JSONL)")
 
 
@@ -232,7 +235,7 @@ class TraceUser(User):
                 json=generate_payload(prompt, req.output_length, stream=True),
                 headers=sent_headers,
                 stream=True,
-                timeout=900,
+                timeout=self.environment.parsed_options.request_timeout,
             ) as resp:
                 if resp.status_code != 200:
                     record.status, record.error = (

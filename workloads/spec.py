@@ -36,6 +36,13 @@ class WorkloadSpec(BaseModel):
         description="At the load's end, how long requests in flight may finish (dilated "
         "under emulation, at most 600 s in testbed time); those cut are client_cancelled.",
     )
+    request_timeout_s: float = Field(
+        900,
+        gt=0,
+        allow_inf_nan=False,
+        description="A request fails once this long passes without a byte of its response "
+        "(the client's read timeout; dilated under emulation, as every time is).",
+    )
     max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
     speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")
     arrival: str = Field(

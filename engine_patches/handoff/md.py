@@ -31,7 +31,6 @@ from protocol.env import Env
 from protocol.frames import (
     MsgType,
     ProtocolError,
-    configure_socket,
     frame_size,
     recv_frame,
     send_frame,
@@ -39,6 +38,7 @@ from protocol.frames import (
 from protocol.handoff import Extended, Handoff, Ready
 from protocol.records import HandoffRecord, JsonlWriter
 from protocol.rooms import PARK_PREFIX
+from protocol.tcp import configure_socket
 
 MAX_CONNECTIONS = 512  # open router channels (one per relayed request in flight)
 FROM_ROUTER = {MsgType.WATCH, MsgType.HANDOFF, MsgType.RELEASE}

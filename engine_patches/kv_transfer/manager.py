@@ -30,13 +30,12 @@ from protocol.env import Env, kv_timeout
 from protocol.frames import (
     MsgType,
     ProtocolError,
-    configure_socket,
-    enable_pacing,
     recv_frame,
     send_frame,
 )
 from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S, TransferRequest, Window
 from protocol.records import JsonlWriter
+from protocol.tcp import configure_socket, enable_pacing
 
 logger = logging.getLogger("pdd.kv_transfer")
 MAX_CONNECTIONS = 512  # requests being read or parked on the prefill listener

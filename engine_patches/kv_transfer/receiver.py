@@ -28,13 +28,13 @@ from protocol import clock
 from protocol.frames import (
     MsgType,
     ProtocolError,
-    configure_socket,
     frame_size,
     recv_frame,
     send_frame,
 )
 from protocol.kv import Done, KvChunkHeader, TransferRequest, crc32, max_chunk_body
 from protocol.records import TransferRecord
+from protocol.tcp import configure_socket, stamp_arrivals
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -177,6 +177,7 @@ class TcpKVReceiver(BaseKVReceiver):
             host, port = self.bootstrap_addr.rsplit(":", 1)
             sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)
             configure_socket(sock, timeouts.idle)
+            stamp_arrivals(sock)  # first and last byte: when they arrived, not when read
             if self.kv_mgr.tls_client is not None:  # servers.tls: verify prefill's cert
                 sock = self.kv_mgr.tls_client.wrap_socket(sock)
             self._sock = sock
@@ -191,14 +192,16 @@ class TcpKVReceiver(BaseKVReceiver):
         record.wire_bytes += send_frame(sock, MsgType.TRANSFER_REQUEST, self.room, request.encode())
         sock.settimeout(timeouts.first_data)  # prefill may still be computing
 
-        def mark_first_byte(kind: MsgType) -> None:
+        def mark_arrival(kind: MsgType, arrived: float) -> None:
             progress["frames"] += 1
             if kind == MsgType.KV_CHUNK and record.first_byte is None:
-                record.first_byte = clock.now()
+                record.first_byte = arrived
+            elif kind == MsgType.DONE:
+                record.last_byte = arrived
 
         limits = {MsgType.KV_CHUNK: max_chunk_body(mgr.pool.bytes_per_row)}
         while True:
-            kind, _, body = recv_frame(sock, on_header=mark_first_byte, limits=limits)
+            kind, _, body = recv_frame(sock, on_header=mark_arrival, limits=limits)
             if kind == MsgType.WINDOW:  # the last transfer's, come after its checkout
                 continue
             sock.settimeout(timeouts.idle)

@@ -40,14 +40,13 @@ from protocol import clock
 from protocol.frames import (
     MsgType,
     ProtocolError,
-    idle_since,
     recv_frame,
     send_frame,
-    tcp_state,
 )
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
+from protocol.tcp import idle_since, tcp_state
 
 logger = logging.getLogger("pdd.kv_transfer")
 

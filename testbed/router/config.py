@@ -142,6 +142,9 @@ class PddConfig(BaseModel):
     )
 
 
+UPSTREAM_TIMEOUT_S = 600.0
+
+
 class RouterConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -151,7 +154,13 @@ class RouterConfig(BaseModel):
     records: Path = Field(..., description="Where request records go (JSON lines).")
     host: str = "127.0.0.1"
     port: int = 8000
-    upstream_timeout_s: float = 600.0
+    upstream_timeout_s: float = Field(
+        UPSTREAM_TIMEOUT_S,
+        gt=0,
+        allow_inf_nan=False,
+        description="A request's whole exchange with a server, at most (dilated under "
+        "emulation: the harness multiplies it by k).",
+    )
     upstream_keep_alive_s: float = Field(
         upstream_keep_alive_s(),
         gt=0,

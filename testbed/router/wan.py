@@ -315,7 +315,7 @@ class WanLine:
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return  # a failed transfer's connection is closed, not pooled
         self.leads.append(max(0.0, record.start - item.started))
-        self.lags.append(max(0.0, record.end - record.seconds - item.started))
+        self.lags.append(max(0.0, record.wire_end - record.seconds - item.started))
         # The sender's window as it ended (the Done frame), else the model's guess.
         if record.cwnd_end_bytes:
             window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
@@ -328,7 +328,7 @@ class WanLine:
             window, conn = self.ended.pop(room, (window, None))
             self._returned(_Idle(room, window, self._as_of, conn))
         self._forget_ended()
-        first, end = record.end - record.seconds, record.end
+        first, end = record.wire_end - record.seconds, record.wire_end
         shared = any(f < end and first < e for f, e in self.recent) or any(
             o.started < end and o.left > 0 for o in self.outstanding.values()
         )

@@ -11,8 +11,9 @@ import torch
 
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol.env import Env
-from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame, tcp_state
+from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame
 from protocol.kv import Done, KvChunkHeader, TransferRequest
+from protocol.tcp import tcp_state
 
 
 def test_transfer_request_round_trip():

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from protocol import clock
 from protocol.frames import (
     BATCH_MIN_BYTES,
     HEADER,
@@ -263,7 +264,7 @@ def test_a_paced_kv_socket_has_the_kernels_pacing_on_and_still_carries_frames():
     import socket
     import struct
 
-    from protocol.frames import SO_MAX_PACING_RATE, enable_pacing
+    from protocol.tcp import SO_MAX_PACING_RATE, enable_pacing
 
     with socket.create_server(("127.0.0.1", 0)) as listener:
         client = socket.create_connection(listener.getsockname())
@@ -281,9 +282,10 @@ def test_a_paced_kv_socket_has_the_kernels_pacing_on_and_still_carries_frames():
 
 def test_a_connection_is_idle_once_all_it_sent_is_acknowledged_and_says_since_when():
     """What the KV sender counts as the wire's idle time while it waits for prefill:
-    from its last data sent, and only once none of its bytes is queued or in flight
-    (counting the whole wait, the chunk before's own time on the wire was lost)."""
-    from protocol.frames import idle_since
+    only once none of its bytes is queued or in flight (counting the whole wait, the
+    chunk before's own time on the wire was lost), and from when the last of them
+    reached the peer (on loopback: about when it was read and acknowledged)."""
+    from protocol.tcp import idle_since
 
     with socket.create_server(("127.0.0.1", 0)) as listener:
         client = socket.create_connection(listener.getsockname())
@@ -307,3 +309,58 @@ def test_a_connection_is_idle_once_all_it_sent_is_acknowledged_and_says_since_wh
     a, b = socket.socketpair()  # not TCP: the kernel does not say
     with a, b:
         assert idle_since(a) is None
+
+
+def test_idle_starts_a_round_trip_before_the_last_ack_when_that_is_after_the_last_send(
+    monkeypatch,
+):
+    """The kernel's tcp_info here is a stand-in (a loopback connection has no queue
+    to wait in): a connection whose last segment left 1 s ago but waited in the line's
+    bottleneck queue, its ack back 0.2 s ago over a 0.1 s minimum round trip. The peer
+    got that segment about 0.25 s ago and the next byte needs another 0.05 s, so the
+    wire has idled 0.3 s, not the 1 s since the send."""
+    from protocol import tcp
+
+    info = tcp._TCP_INFO.unpack(bytes(tcp._TCP_INFO.size))  # zeros, but for the three
+
+    def fake_info(sock, last_sent_ms, last_ack_ms, min_rtt_us):
+        got = list(info)
+        got[tcp._LAST_DATA_SENT], got[tcp._LAST_ACK_RECV] = last_sent_ms, last_ack_ms
+        got[tcp._MIN_RTT] = min_rtt_us
+        return tuple(got)
+
+    monkeypatch.setattr(tcp.fcntl, "ioctl", lambda *a: b"\0" * 4)  # nothing queued
+    monkeypatch.setattr(tcp, "_info", lambda sock: fake_info(sock, 1000, 200, 100_000))
+    assert tcp.idle_since(None) == pytest.approx(0.3)
+    # an ack long before the last send (a pure ack of older bytes): the send decides
+    monkeypatch.setattr(tcp, "_info", lambda sock: fake_info(sock, 150, 900, 20_000))
+    assert tcp.idle_since(None) == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("stamped", [True, False])
+def test_a_frame_header_says_when_it_arrived_not_when_it_was_read(stamped):
+    """The KV receiver's first and last byte: a decode server's thread may read a frame
+    long after it arrived. With the kernel's arrival stamps the header reports the
+    arrival; without them (the fallback, e.g. TLS) the time it was read."""
+    from protocol.tcp import stamp_arrivals
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = socket.create_connection(listener.getsockname())
+        server, _ = listener.accept()
+        with client, server:
+            if stamped:
+                stamp_arrivals(server)
+                time.sleep(0.1)  # the kernel turns stamping on in deferred work
+            send_frame(client, MsgType.DONE, 3, b"done")
+            sent = clock.now()
+            time.sleep(0.3)  # the reader is busy elsewhere
+            seen = []
+            kind, room, body = recv_frame(server, on_header=lambda k, at: seen.append((k, at)))
+            read = clock.now()
+    assert (kind, room, bytes(body)) == (MsgType.DONE, 3, b"done")
+    [(k, arrived)] = seen
+    assert k == MsgType.DONE
+    if stamped:
+        assert sent - 0.05 <= arrived <= sent + 0.05, arrived - sent
+    else:
+        assert read - 0.05 <= arrived <= read, read - arrived

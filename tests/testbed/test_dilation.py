@@ -123,3 +123,13 @@ def test_requests_in_flight_at_the_loads_end_get_dilated_time_to_finish():
     assert run.workload.stop_timeout_s == min(sc.workload.stop_timeout_s * k, 600)
     assert "--stop-timeout" in (argv := locust_argv("http://r", Path("t"), run.workload, Path(".")))
     assert argv[argv.index("--stop-timeout") + 1] == f"{run.workload.stop_timeout_s:g}"
+
+
+def test_a_clients_read_timeout_is_dilated_and_reaches_locust():
+    """900 s of the target's time without a response byte, not 900 s of the testbed's
+    (4.4 s of the target's at k = 203: a baseline's queue under load would fail them)."""
+    sc = Scenario.load("hetero")
+    run = for_testbed(sc, TINY_KV)
+    assert run.workload.request_timeout_s == sc.workload.request_timeout_s * sc.emulation.dilation
+    argv = locust_argv("http://r", Path("t"), run.workload, Path("."))
+    assert argv[argv.index("--request-timeout") + 1] == f"{run.workload.request_timeout_s:g}"

@@ -1,0 +1,124 @@
+"""What the kernel knows about a KV connection: its options, its congestion state, when
+it last carried data, and when a segment reached this host.
+
+Stateless helpers over a connected TCP socket (``struct tcp_info`` and socket options,
+Linux). Each degrades to "unknown" (0, None) where the kernel does not say, so a
+transfer never fails for want of a measurement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import socket
+import struct
+import termios
+import time
+from typing import NamedTuple
+
+from protocol import clock
+
+# struct tcp_info (linux/tcp.h) through tcpi_min_rtt: eight u8s, 24 u32s up to
+# tcpi_total_retrans, four u64s (pacing rates, bytes acked and received), four u32s.
+_TCP_INFO = struct.Struct("8B24I4Q4I")
+_NO_SSTHRESH = 0x7FFFFFFF  # TCP_INFINITE_SSTHRESH: slow start has not ended yet
+_LAST_DATA_SENT, _LAST_ACK_RECV, _MIN_RTT = 8 + 9, 8 + 12, -1  # indices into it
+
+
+class TcpState(NamedTuple):
+    cwnd_bytes: int = 0  # congestion window: snd_cwnd x snd_mss
+    ssthresh_bytes: int = 0  # slow start threshold; 0 while it has none (no loss yet)
+    retransmits: int = 0  # segments retransmitted over the connection's life
+
+
+def _info(sock: socket.socket) -> tuple | None:
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
+    except OSError:
+        return None
+    return _TCP_INFO.unpack(raw) if len(raw) >= _TCP_INFO.size else None
+
+
+def idle_since(sock: socket.socket) -> float | None:
+    """Seconds the wire has been idle, as the peer sees it, once everything the
+    connection sent has been acknowledged; None while some of it is queued or on the
+    wire, or where the kernel does not say.
+
+    Seen from the peer, the wire idles from when the last byte reached it until the
+    next one will (a one-way delay after it is sent). The last byte reached the peer
+    about a one-way delay before its ack came back, so the idle began a round trip
+    before that ack (the minimum round trip: the ack's own way has no queue) -- or when
+    the last byte left, if that was later. Counting from the last send alone took the
+    time those bytes then waited in the line's bottleneck queue off the transfer."""
+    try:
+        queued = struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0]
+    except OSError:
+        return None
+    info = _info(sock)
+    if queued or info is None:
+        return None
+    sent_ago = info[_LAST_DATA_SENT] / 1000
+    acked_ago = info[_LAST_ACK_RECV] / 1000 + info[_MIN_RTT] / 1e6
+    return min(sent_ago, acked_ago)
+
+
+def tcp_state(sock: socket.socket) -> TcpState:
+    """A connection's congestion state; all 0 where the kernel does not say."""
+    info = _info(sock)
+    if info is None:
+        return TcpState()
+    info = info[8:]  # the u32 fields after eight u8s
+    mss, ssthresh, cwnd, retransmits = info[2], info[17], info[18], info[23]
+    ssthresh_bytes = 0 if ssthresh >= _NO_SSTHRESH else min(ssthresh * mss, 2**32 - 1)
+    return TcpState(min(cwnd * mss, 2**32 - 1), ssthresh_bytes, retransmits)
+
+
+def configure_socket(sock: socket.socket, idle_timeout: float) -> None:
+    """No Nagle; and a dead path (a cut WAN) is detected within ~``idle_timeout``,
+    whether data is in flight (TCP_USER_TIMEOUT) or the connection is idle (keepalive)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, max(1, int(idle_timeout / 3)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, max(1, int(idle_timeout / 6)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(idle_timeout * 1000))
+
+
+SO_MAX_PACING_RATE = 47  # Linux's, not in Python's socket module
+
+
+def enable_pacing(sock: socket.socket) -> None:
+    """Have the kernel pace this TCP socket's sends (its internal pacing, at about twice
+    cwnd / srtt in slow start and 1.2x in congestion avoidance) instead of sending each
+    window as a burst. Any finite ``SO_MAX_PACING_RATE`` turns it on; this one caps
+    nothing. Pacing follows the measured round trip, so it dilates with the link."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=Q", 2**63))
+
+
+# -- when bytes arrived ----------------------------------------------------------------
+
+SO_TIMESTAMPNS = 35  # Linux's (its control messages are SCM_TIMESTAMPNS, the same number)
+_TIMESPEC = struct.Struct("=qq")
+ARRIVAL_CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
+
+
+def stamp_arrivals(sock: socket.socket) -> None:
+    """Have the kernel stamp each segment as it reaches this host, so a reader learns
+    when bytes arrived, not when its thread got round to reading them (a decode server's
+    receiving thread waits for the interpreter's lock behind the forward pass). The
+    kernel turns stamping on in deferred work: segments in the first moments after may
+    come unstamped (their readers fall back to the time they read them)."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+
+def arrival(ancdata: list[tuple[int, int, bytes]]) -> float | None:
+    """When (on the records' clock) the bytes a ``recvmsg`` returned reached this host:
+    the kernel's stamp of the last segment it read them from (segments that queued
+    unread may have been merged, which stamps them with the later one's arrival); None
+    without a stamp."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(data)
+            return clock.now() - max(0.0, time.time() - (sec + nsec / 1e9))
+    return None
