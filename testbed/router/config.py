@@ -45,6 +45,9 @@ class PddConfig(BaseModel):
     wan_loss_pct: float = Field(
         0.0, ge=0, lt=100, description="WAN loss the router plans with (bounds one flow's rate)."
     )
+    wan_queue_bytes: int = Field(
+        0, ge=0, description="The WAN's bottleneck queue the router plans with (a loss's cost)."
+    )
     kv_pool_reuse_s: float = Field(
         POOL_REUSE_S, gt=0, description="Decode servers' KV connection reuse (servers.)."
     )

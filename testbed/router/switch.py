@@ -12,6 +12,8 @@ from protocol.names import RelayStop
 from testbed.router.policies import max_new_tokens
 from testbed.router.upstream import UpstreamError
 
+HELD_S = 0.005  # a token that waited this long at the router was held back, not relayed
+
 
 async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     """After the final handoff, without a gap: relay decode keeps streaming while
@@ -42,28 +44,33 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     released here or, while it still decodes the request (its cache should hold the
     exchange), by a drain in the background.
 
-    ``handoff_s`` is the longest gap the client saw from the final handoff until the
-    switch is complete (relay decode stopped and main decode caught up with the
-    client), waits for a main decode still behind included."""
-    queue: deque = deque()  # chunks not yet sent, in token order
+    ``handoff_s`` is the longest gap the switch made the client see, from the final
+    handoff until the switch is complete (relay decode stopped and main decode caught
+    up with the client): the first gap after the final handoff, every gap ending in a
+    token the router held back (paced), and every gap after relay decode stopped (waits
+    for a main decode still behind). Gaps of relay decode's own steps while it streams
+    unpaced are its inter-token intervals, not the switch's (on hetero, a relayed
+    request that ended on relay decode counted its slowest step on GPU-A)."""
+    queue: deque = deque()  # chunks not yet sent, in token order, with when they came
     have = len(req.tokens)  # tokens the router holds (sent or queued)
     itl = _itl(req.record.token_times)  # the request's own, on relay decode
     # main decode's interval on its recent requests: until its pace in this request is
     # measured, the client is not served faster than main decode is expected to go, so
     # it does not run far ahead of main decode only to wait for it at the switch
     expected = max(itl, req.p.loads.itl.get(req.route.main_decode.name, 0.0))
-    md_pace = _Pace()  # main decode's tokens per second since its first chunk
+    # main decode's pace since its first chunk (its chunks cross the WAN)
+    md_pace = _Pace(span_s=2 * req.p.pdd.wan_one_way_s)
     rld_pace = _Pace()  # relay decode's, from its chunks after the final handoff
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
     last_sent, md_count = req.record.token_times[-1], 0
     rld_open, md_open, md_failed, finished = True, True, False, False
-    rld_finished, switching = False, True
+    rld_finished, switching, first = False, True, True
     try:
         while not finished:
             # spaced by main decode's interval once measured: the rhythm the client keeps
             # after the switch (a faster main decode then catches up with relay decode's)
-            known = md_pace.tokens >= req.p.pdd.switch_tokens
+            known = md_pace.measured(req.p.pdd.switch_tokens)
             pace = req.p.pdd.switch_pace * (md_pace.seconds_for(1) if known else expected)
             # main decode holds the client's next token, and its first steps with the
             # request in its batch are behind it (default run N: the one or two after
@@ -115,12 +122,17 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                     span = clock.now() - last_sent + wait
                     interval = max(pace, span / (len(queue) + 1))
             if queue and (not slow or clock.now() - last_sent >= interval):
-                chunk = queue.popleft()
+                chunk, queued_at = queue.popleft()
                 new = chunk.new_ids(len(req.tokens))
                 req.tokens += new
-                if switching:  # the client-visible gap while switching
+                # the client-visible gap, where the switch made it: the first after the
+                # final handoff, one the router held the token through, and any once
+                # relay decode stopped (not relay decode's own steps as it streams on)
+                held = clock.now() - queued_at >= HELD_S
+                if switching and (first or held or not (rld_open or rld_finished)):
                     gap = clock.now() - last_sent
                     req.record.handoff_s = max(req.record.handoff_s or 0.0, gap)
+                first = False
                 await req.out.emit(chunk, len(new))
                 last_sent, finished = clock.now(), chunk.finished or chunk.done
                 switching = rld_open or md_failed or md_count < len(req.tokens)
@@ -181,28 +193,39 @@ def greedy(body: dict) -> bool:
 
 
 class _Pace:
-    """Main decode's pace after the handoff, from the counts its chunks carry: the
-    median per-token interval of its last few chunks (since its first chunk, the slow
-    steps with the request new in its batch stretched it for the rest of the switch,
-    and the client was spaced at up to three of its later intervals)."""
+    """A decoder's pace after the handoff, from the counts its chunks carry: the median
+    per-token interval of its last few chunks (since its first chunk, the slow steps
+    with the request new in its batch stretched it for the rest of the switch, and the
+    client was spaced at up to three of its later intervals). Chunks that crossed the
+    WAN arrive bunched (a segment held back by jitter or a loss holds back the ones
+    behind it), so where the last few span less than ``span_s`` (the line's round
+    trip) the pace is taken over the last ``span_s`` instead: hetero runs 144348 and
+    161028 measured main decode's pace from a burst, stopped relay decode "in time",
+    and the client waited 1.4 and 4.9 s."""
 
-    def __init__(self, window: int = 5) -> None:
+    def __init__(self, window: int = 5, span_s: float = 0.0) -> None:
+        self.window, self.span_s = window, span_s
         self.first: tuple[int, float] | None = None  # (count, time) of its first chunk
-        self.recent: deque[tuple[int, float]] = deque(maxlen=window)
+        self.chunks: deque[tuple[int, float]] = deque(maxlen=256)
 
     def add(self, count: int) -> None:
         now = clock.now()
         self.first = self.first or (count, now)
-        self.recent.append((count, now))
+        self.chunks.append((count, now))
 
     @property
     def last(self) -> tuple[int, float] | None:
-        return self.recent[-1] if self.recent else None
+        return self.chunks[-1] if self.chunks else None
 
     @property
     def tokens(self) -> int:
         """Tokens decoded since its first chunk."""
         return self.last[0] - self.first[0] if self.first else 0
+
+    def measured(self, tokens: int) -> bool:
+        """Whether the pace is known: ``tokens`` decoded since the first chunk, which
+        came at least ``span_s`` before the last."""
+        return self.tokens >= tokens and self.last[1] - self.first[1] >= self.span_s
 
     def seconds_until(self, tokens: int) -> float:
         """How long from now until it has decoded ``tokens`` more than its last chunk's
@@ -216,8 +239,14 @@ class _Pace:
         """How long it takes to decode ``tokens`` more at its recent pace."""
         if tokens <= 0:
             return 0.0
-        pairs = zip(self.recent, list(self.recent)[1:], strict=False)
-        steps = [(t2 - t1) / (c2 - c1) for (c1, t1), (c2, t2) in pairs if c2 > c1]
+        recent = list(self.chunks)[-self.window :]
+        (c0, t0), (c1, t1) = recent[0], recent[-1]
+        if t1 - t0 < self.span_s:  # bunched: over the last span, or since the first chunk
+            spanning = (c for c in reversed(self.chunks) if t1 - c[1] >= self.span_s)
+            c0, t0 = next(spanning, self.chunks[0])
+            return tokens * (t1 - t0) / (c1 - c0) if c1 > c0 else float("inf")
+        pairs = zip(recent, recent[1:], strict=False)
+        steps = [(b - a) / (d - c) for (c, a), (d, b) in pairs if d > c]
         return tokens * statistics.median(steps) if steps else float("inf")
 
 
@@ -251,8 +280,9 @@ def _itl(token_times: list[float]) -> float:
 
 
 def _queue(queue: deque, chunk, have: int) -> int:
-    """Queue a chunk if it carries tokens the router does not hold yet (or the end)."""
+    """Queue a chunk, with when, if it carries tokens the router does not hold yet (or
+    the end)."""
     count = int(chunk.meta.get("completion_tokens", 0))
     if count > have or chunk.finished or chunk.done:
-        queue.append(chunk)
+        queue.append((chunk, clock.now()))
     return max(have, count)

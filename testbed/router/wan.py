@@ -88,13 +88,7 @@ from dataclasses import dataclass, replace
 from protocol.clock import now as clock_now
 from protocol.kv import POOL_REUSE_S
 from protocol.records import TransferRecord
-from testbed.router.tcp_model import (
-    INITIAL_WINDOW,
-    MSS,
-    Congestion,
-    RecentMedian,
-    flow_rate_bound,
-)
+from testbed.router.tcp_model import INITIAL_WINDOW, MSS, Congestion, RecentMedian, loss_cost_s
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
 MAX_UNLEARNED = 32  # lone transfers held for their sender's retransmission count
@@ -136,17 +130,15 @@ class WanLine:
         clock=clock_now,
         loss: float = 0.0,
         pool_reuse_s: float = POOL_REUSE_S,
+        queue_bytes: float = 0.0,
     ) -> None:
         self.rtt = 2 * one_way_s
         self.pool_reuse_s = pool_reuse_s  # decode servers' (servers.kv_pool_reuse_s)
         self.rate = float(rate_bytes_s)  # the line as configured
         self.loss = loss
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
-        # What one retransmission costs a flow, seeded so that a long flow goes at the
-        # Mathis bound: MSS / loss bytes per loss at the bound rather than the line's.
-        bound = flow_rate_bound(self.rtt, loss)
-        seed = self.loss_free * max(0.0, 1 / bound - 1 / self.rate) if loss > 0 else 0.0
-        self.loss_cost = RecentMedian(seed, samples)
+        seed = loss_cost_s(self.rate, self.rtt, loss, queue_bytes)
+        self.loss_cost = RecentMedian(seed, samples)  # what one retransmission costs a flow
         self.achieved = RecentMedian(self.rate, samples, cap=self.rate)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}

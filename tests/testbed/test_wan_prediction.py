@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.router.tcp_model import INITIAL_WINDOW, flow_rate_bound, slow_start_s
+from testbed.router.tcp_model import INITIAL_WINDOW, flow_rate_bound, loss_cost_s, slow_start_s
 from testbed.router.wan import WanLine
 from tests.testbed.wan_line import MB, Clock, alone, sent, settled
 
@@ -284,3 +284,21 @@ def test_a_flow_sharing_the_line_ramps_up_only_to_its_share():
     sent = sum(INITIAL_WINDOW * 2**i for i in range(4))
     expected = 4 * 0.04 + (400_000 - sent) / (5 * MB)
     assert line.predict(400_000).seconds == pytest.approx(expected)
+
+
+def test_a_loss_costs_what_the_bottleneck_queue_does_not_cover():
+    """Reno halves its window at a loss. On default's line (100 Mbit/s, 20 ms: a 250 KB
+    pipe) behind a 1000-packet queue the halved window still fills the pipe, and the
+    first 11.8 MB transfers, predicted at 4 s on the Mathis bound, took 1.1 s with five
+    retransmissions. Without a queue a loss costs the triangle of the refilling pipe,
+    about what the Mathis bound says; losses too frequent to refill cost the bound."""
+    rate, rtt, loss = 12.5 * MB, 0.02, 0.001
+    mathis = 1448 / loss * (1 / flow_rate_bound(rtt, loss) - 1 / rate)
+    assert loss_cost_s(rate, rtt, loss, queue_bytes=1500 * 1000) == 0
+    bare = loss_cost_s(rate, rtt, loss, queue_bytes=0)
+    assert bare == pytest.approx(mathis) and 0.3 < bare < 0.5
+    half = loss_cost_s(rate, rtt, loss, queue_bytes=rate * rtt / 2)
+    assert half == pytest.approx((rate * rtt / 4) ** 2 / (2 * 1448 * rate)) and half < bare / 3
+    assert loss_cost_s(rate, rtt, 0.0) == 0
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, loss=loss, queue_bytes=1500 * 1000)
+    assert line.loss_s(11.8 * MB) == 0  # the seed: what the line predicts until it learns
