@@ -60,6 +60,27 @@ def slow_start_s(
     return max(0.0, rounds * rtt - sent / rate)
 
 
+def fit_round_trip(
+    nbytes: float, seconds: float, line_s: float, rate: float, rtt: float, window: Congestion
+) -> float | None:
+    """The round trip under which slow start from ``window`` (its pipe at ``rate``)
+    explains a transfer of ``nbytes`` taking ``seconds``, ``line_s`` of them at the
+    line's goodput, by bisection (slow start's time grows with the round trip); None
+    where no round trip between half and four times ``rtt`` (the configured one) does:
+    the window was not what the sender said, or something else held the transfer."""
+
+    def taken(r: float) -> float:
+        return line_s + window.extra_s(nbytes, rate, r)
+
+    lo, hi = rtt / 2, rtt * 4
+    if not taken(lo) < seconds < taken(hi):
+        return None
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if taken(mid) < seconds else (lo, mid)
+    return (lo + hi) / 2
+
+
 @dataclass(frozen=True)
 class Congestion:
     """A connection's congestion state, as its sender last reported it (or guessed)."""
@@ -82,10 +103,12 @@ class RecentMedian:
     timeout or a busy receiver slowed (hetero: 2.2 MB at half the line's rate) tilted a
     least-squares slope, and with it every size's prediction, until it decayed."""
 
-    def __init__(self, seed: float, n: int = 16, cap: float = float("inf")) -> None:
-        self.cap, self.value = cap, min(seed, cap)
+    def __init__(self, seed: float, n: int = 16, cap: float = float("inf"), prior: int = 0) -> None:
+        self.cap, self.value, self.seed, self.prior = cap, min(seed, cap), seed, prior
         self.samples: deque[float] = deque(maxlen=n)
 
     def add(self, value: float) -> None:
+        """A sample; while fewer than ``prior`` came, the seed counts as the rest."""
         self.samples.append(value)
-        self.value = min(statistics.median(self.samples), self.cap)
+        held = [*self.samples, *[self.seed] * (self.prior - len(self.samples))]
+        self.value = min(statistics.median(held), self.cap)

@@ -33,50 +33,38 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
 
 - TCP's window, from the one its connection already has: a round trip per doubling
   until it fills the pipe in slow start, one segment more per round trip past the slow
-  start threshold (congestion avoidance: where a connection that lost packets stays;
-  measured on default, a 272 KB transfer from a 20 KB window took 0.23-0.25 s, about
-  11 round trips, where doubling would take 4). Decode servers pool their KV
-  connections and reuse the warmest: the largest window its sender reported, then the
-  one returned last (``servers.kv_pool_reuse_s``; ``engine_patches.kv_transfer``), so the
-  line mirrors that pool: a connection comes back with the window its sender reported
-  in the Done frame (``TransferRecord.cwnd_end_bytes``), and then with the window and
-  threshold of the sender's own log line, written once decode's Ack came back (loss
-  shrinks them, and the Done frame leaves while the last windows are still in flight:
-  on hetero it reported 1.6 MB where the sender ended at 0.8 MB after 82
-  retransmissions). Decode ranks its pool the same way: the Done frame's window until
-  the sender's Window frame, sent after the Ack, arrives. Where no sender said
-  anything, the model guesses that slow start grew the window by every byte
-  acknowledged: ``w + x`` after ``x`` bytes from ``w``. Decode checks a connection out
-  only when its request reaches it (``lead_s`` after routing, learned from the
-  receivers' start stamps), so a transfer routed while every pooled connection is busy
-  gets the one the model sees freed by then (if it comes back later than that, decode
-  gave the transfer another, and it goes to the pool); only when none is does it pay a
-  new connection's slow start from the initial window.
+  start threshold (congestion avoidance, where a connection that lost packets stays).
+  Decode servers pool their KV connections and reuse the warmest (the largest window
+  its sender reported, then the one returned last; ``servers.kv_pool_reuse_s``), so
+  the line mirrors that pool: a connection comes back with the window its sender
+  reported in the Done frame (``TransferRecord.cwnd_end_bytes``), then with the window
+  and threshold of the sender's own log line, written once decode's Ack came back (the
+  Done frame leaves while the last windows are still in flight: on hetero it reported
+  1.6 MB where the sender ended at 0.8 MB after 82 retransmissions). Where no sender
+  said anything, slow start grew the window by every byte acknowledged. Decode checks
+  a connection out only when its request reaches it (``lead_s`` after routing), so a
+  transfer routed while every pooled connection is busy gets the one the model sees
+  freed by then; only when none is does it pay a new connection's slow start.
 - Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
   losses; under one expected loss a flow most often has none): a retransmission every
   ``MSS / p`` bytes, each costing what the recent lossy transfers measured
   (``loss_cost``: their time beyond slow start and the goodput, per retransmission the
-  sender counted). It is seeded so that a long flow goes at the Mathis bound, where
-  losses halving the window hold it at about ``sqrt(3/2) * MSS / sqrt(p)`` per round
-  trip: at 0.1% loss and a 20 ms round trip 2.8 MB/s of a 12.5 MB/s line, 0.4 s a
-  loss. Measured on default, a loss cost 0.1 s at the median (the drop-tail queue
-  keeps the pipe full while the window recovers; a retransmission timeout costs 0.2 s
-  and more), so 10 MB took 1.4-1.7 s where the bound predicted 3.3 s. Hetero's 0.01%
-  lets nearly every transfer through loss-free at the line's rate.
+  sender counted), seeded by Reno's sawtooth over the line's bottleneck queue
+  (:func:`~testbed.router.tcp_model.loss_cost_s`: nothing where the queue covers the
+  pipe, at most the Mathis bound's cost).
 
-Slow start's round trips are counted against the configured line's pipe (rate x
-RTT): a property of the line, not of the measured goodput (counted against the
-goodput, a low estimate shrank the pipe, explained less, and fell further). A flow
-sharing the line ramps up only to its share: its window holds it back while below the
-share's pipe, and the share's time is not added on top of a ramp to the whole line's.
+Slow start's rounds take ``round_trip``: the configured one until lone loss-free
+transfers that had rounds to take teach it (the round trip that explains each; on
+default 21.5-22.5 ms on a 20 ms line: delayed acks, the queue behind other traffic).
+Their pipe is the configured rate's (counted against the goodput, a low estimate
+shrank the pipe, explained less, and fell further). A flow sharing the line ramps up
+only to its share: its window holds it back while below the share's pipe.
 
-The rest — framing, the receiver's work, what the model misses — is in the goodput:
-the median rate, less what slow start explains, of the recent settled transfers that
-had the line to themselves and lost nothing (by the sender's final count). Had the
+The rest (framing, the receiver's work, what the model misses) is in the goodput: the
+median rate of the recent settled transfers that had the line to themselves, lost
+nothing (by the sender's final count) and had no slow-start round to take. Had the
 line to themselves: no other transfer's measured first byte to last byte overlapped
-theirs, and none the model still has on the wire was routed before they ended. Lossy
-transfers teach ``loss_cost`` instead; without that split a pessimistic loss model left
-the goodput at its seed (the line's rate, where loaded transfers went at about 60%).
+theirs, and none the model still has on the wire was routed before they ended.
 """
 
 from __future__ import annotations
@@ -88,7 +76,14 @@ from dataclasses import dataclass, replace
 from protocol.clock import now as clock_now
 from protocol.kv import POOL_REUSE_S
 from protocol.records import TransferRecord
-from testbed.router.tcp_model import INITIAL_WINDOW, MSS, Congestion, RecentMedian, loss_cost_s
+from testbed.router.tcp_model import (
+    INITIAL_WINDOW,
+    MSS,
+    Congestion,
+    RecentMedian,
+    fit_round_trip,
+    loss_cost_s,
+)
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
 MAX_UNLEARNED = 32  # lone transfers held for their sender's retransmission count
@@ -138,8 +133,9 @@ class WanLine:
         self.loss = loss
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
         seed = loss_cost_s(self.rate, self.rtt, loss, queue_bytes)
-        self.loss_cost = RecentMedian(seed, samples)  # what one retransmission costs a flow
+        self.loss_cost = RecentMedian(seed, samples)  # what one retransmission costs
         self.achieved = RecentMedian(self.rate, samples, cap=self.rate)
+        self.round_trip = RecentMedian(self.rtt, samples, prior=3)  # one outlier is not it
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[_Idle] = []  # idle connections
@@ -265,7 +261,8 @@ class WanLine:
         by every byte acknowledged, up to the pipe (congestion avoidance: barely)."""
         if window.cwnd >= window.ssthresh:
             return window
-        return Congestion(min(window.cwnd + nbytes, max(self.rate * self.rtt, INITIAL_WINDOW)))
+        pipe = self.rate * self.round_trip.value
+        return Congestion(min(window.cwnd + nbytes, max(pipe, INITIAL_WINDOW)))
 
     def seconds(self, own_bytes: float) -> float:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
@@ -279,13 +276,10 @@ class WanLine:
             (own_bytes + shared) / self.goodput,
             own_bytes / self.goodput + self.loss_s(own_bytes),
         )
-        # A window below the pipe holds a flow back only as far as its share of the line
-        # would let it go faster: its slow start is counted against the pipe at the rate
-        # it gets (all of the line's alone). Counted against the whole line's pipe while
-        # sharing it, both added up (default run S: 270 KB behind 1.85 MB predicted
-        # 0.20 s, took 0.09).
+        # slow start against the pipe at the rate it gets (its share; against the whole
+        # line's, default run S: 270 KB behind 1.85 MB predicted 0.20 s, took 0.09)
         share = self.rate * own_bytes / (own_bytes + shared)
-        return self._window(now).extra_s(own_bytes, share, self.rtt) + line_s
+        return self._window(now).extra_s(own_bytes, share, self.round_trip.value) + line_s
 
     def predict(self, own_bytes: int) -> WanPrediction:
         queued = self.backlog()
@@ -337,13 +331,25 @@ class WanLine:
 
     def _learn(self, record: TransferRecord, window: Congestion, resent: int) -> None:
         """A transfer that had the line to itself: without a retransmission (``resent``:
-        the sender's final count), its rate less what slow start explains is the
-        goodput; with some, what they cost it beyond that, each."""
+        the sender's final count), the round trip its slow start's rounds took or, with
+        none to take, its rate (the goodput); with some, what they cost it beyond those,
+        each."""
         resent = max(resent, record.retransmits)
         x = record.wire_bytes
         if record.cwnd_bytes:  # the sender's measured window where it said
             window = Congestion.reported(record.cwnd_bytes, record.ssthresh_bytes)
-        seconds = record.seconds - window.extra_s(x, self.rate, self.rtt)
+        if 0 < record.cwnd_bytes <= INITIAL_WINDOW:  # a new connection's first rounds
+            return  # took half again as long on default: nothing of the pooled ones'
+        rounds = window.extra_s(x, self.rate, self.round_trip.value) > 0
+        if not resent and rounds and record.cwnd_bytes:
+            # slow start had rounds to take from the window its sender measured: the
+            # transfer teaches their round trip
+            line_s = x / self.goodput
+            fit = fit_round_trip(x, record.seconds, line_s, self.rate, self.rtt, window)
+            if fit is not None:
+                self.round_trip.add(fit)
+            return
+        seconds = record.seconds - window.extra_s(x, self.rate, self.round_trip.value)
         if seconds <= 0:
             return
         if not resent:

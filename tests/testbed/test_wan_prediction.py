@@ -7,7 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.router.tcp_model import INITIAL_WINDOW, flow_rate_bound, loss_cost_s, slow_start_s
+from testbed.router.tcp_model import (
+    INITIAL_WINDOW,
+    Congestion,
+    fit_round_trip,
+    flow_rate_bound,
+    loss_cost_s,
+    slow_start_s,
+)
 from testbed.router.wan import WanLine
 from tests.testbed.wan_line import MB, Clock, alone, sent, settled
 
@@ -302,3 +309,29 @@ def test_a_loss_costs_what_the_bottleneck_queue_does_not_cover():
     assert loss_cost_s(rate, rtt, 0.0) == 0
     line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, loss=loss, queue_bytes=1500 * 1000)
     assert line.loss_s(11.8 * MB) == 0  # the seed: what the line predicts until it learns
+
+
+def test_slow_starts_rounds_teach_the_round_trip_they_took():
+    """On default's 20 ms line, lone loss-free transfers from a pooled connection's
+    120 KB window took the time slow start explains at 21.5-22.5 ms a round, not 20
+    (delayed acks, the queue behind other traffic): they teach that round trip, not
+    a lower goodput (which then over-predicted every transfer that needed no round).
+    A new connection's transfer (the initial window) teaches nothing: its rounds took
+    half again as long; neither does one no round trip in range explains."""
+    rate, rtt, window = 12.5 * MB, 0.02, Congestion(120_000, 88_000)
+    took = 0.27 * MB / rate + window.extra_s(0.27 * MB, rate, 0.022)
+    fit = fit_round_trip(0.27 * MB, took, 0.27 * MB / rate, rate, rtt, window)
+    assert fit == pytest.approx(0.022, rel=1e-3)
+    assert fit_round_trip(0.27 * MB, 0.01, 0.27 * MB / rate, rate, rtt, window) is None
+    clock = Clock()
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    pooled = {"cwnd_bytes": 120_000, "ssthresh_bytes": 88_000}
+    alone(line, clock, 1, int(0.27 * MB), took, **pooled)
+    assert line.round_trip.value == rtt  # one transfer is not yet the line's round trip
+    alone(line, clock, 2, int(0.27 * MB), took, **pooled)
+    alone(line, clock, 3, int(0.14 * MB), 0.9, cwnd_bytes=INITIAL_WINDOW)  # new connection
+    assert line.round_trip.value == pytest.approx(0.022, rel=1e-3)
+    assert line.goodput == rate
+    # a transfer that needs no round (a window past the pipe) teaches the goodput
+    alone(line, clock, 4, int(0.5 * MB), 0.5 * MB / (11 * MB), cwnd_bytes=MB)
+    assert line.goodput == pytest.approx(11 * MB) and len(line.round_trip.samples) == 2
