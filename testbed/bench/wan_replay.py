@@ -23,6 +23,7 @@ servers.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,12 +59,23 @@ class NoWanModel(ValueError):
     """The system's router predicts no WAN time (not a pdd system)."""
 
 
+def _with_queue(config: dict, run_dir: Path) -> dict:
+    """A router config from before the line knew its bottleneck queue
+    (``wan_queue_bytes``) gets the run's, from its scenario, as a router now would."""
+    pdd, scenario = config.get("pdd"), run_dir / "scenario.json"
+    if pdd is None or "wan_queue_bytes" in pdd or not scenario.exists():
+        return config
+    wan = json.loads(scenario.read_text())["network"]["wan"]
+    return {**config, "pdd": {**pdd, "wan_queue_bytes": wan["queue_packets"] * wan["mtu"]}}
+
+
 def replay(system_dir: Path) -> list[Replayed]:
     """The WAN transfers of one system's run directory, predicted again."""
     config_path = system_dir / "router.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{system_dir}: no router.json (not a system's run directory)")
-    config = RouterConfig.model_validate_json(config_path.read_text())
+    stored = json.loads(config_path.read_text())
+    config = RouterConfig.model_validate(_with_queue(stored, system_dir.parent))
     if config.pdd is None:
         raise NoWanModel(f"{system_dir}: system {config.system!r} predicts no WAN time")
     near = {s.site for s in config.with_role(Role.PREFILL)}

@@ -143,3 +143,17 @@ def test_a_run_without_wan_predictions_is_refused_with_a_reason(tmp_path):
     result = CliRunner().invoke(app, ["wan-replay", str(tmp_path)])
     said = " ".join(result.output.split())  # as wrapped to the terminal's width
     assert result.exit_code == 2 and "no system whose router predicted WAN times" in said
+
+
+def test_a_run_from_before_the_line_knew_its_queue_is_replayed_with_its_scenarios(tmp_path):
+    """Routers before ``wan_queue_bytes`` stored no queue: the replay takes the run's
+    from its scenario (queue_packets x MTU), as a router now would; one stored wins."""
+    from testbed.bench.wan_replay import _with_queue
+
+    wan = {"queue_packets": 1000, "mtu": 1500}
+    (tmp_path / "scenario.json").write_text(json.dumps({"network": {"wan": wan}}))
+    old = {"system": "pdd", "pdd": {"wan_rate_mbit": 100.0}}
+    assert _with_queue(old, tmp_path)["pdd"]["wan_queue_bytes"] == 1_500_000
+    new = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000}}
+    assert _with_queue(new, tmp_path) == new
+    assert _with_queue({"system": "same_site_pd", "pdd": None}, tmp_path)["pdd"] is None
