@@ -239,6 +239,8 @@ class _Pace:
         """How long it takes to decode ``tokens`` more at its recent pace."""
         if tokens <= 0:
             return 0.0
+        if len(self.chunks) < 2:
+            return float("inf")
         recent = list(self.chunks)[-self.window :]
         (c0, t0), (c1, t1) = recent[0], recent[-1]
         if t1 - t0 < self.span_s:  # bunched: over the last span, or since the first chunk
