@@ -315,6 +315,7 @@ class Deployment:
                 "wan_one_way_s": wan.delay_ms / 1000,
                 "wan_loss_pct": wan.loss_pct,
                 "wan_queue_bytes": wan.queue_packets * wan.mtu,
+                "wan_congestion_control": wan.congestion_control,
                 "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
                 "md_cache_tokens": self.scenario.servers.max_total_tokens,
                 "kv_pool_reuse_s": self.scenario.servers.kv_pool_reuse_s,

@@ -61,12 +61,17 @@ class NoWanModel(ValueError):
 
 def _with_queue(config: dict, run_dir: Path) -> dict:
     """A router config from before the line knew its bottleneck queue
-    (``wan_queue_bytes``) gets the run's, from its scenario, as a router now would."""
+    (``wan_queue_bytes``) or congestion control gets the run's, from its scenario, as a
+    router now would."""
     pdd, scenario = config.get("pdd"), run_dir / "scenario.json"
-    if pdd is None or "wan_queue_bytes" in pdd or not scenario.exists():
+    if pdd is None or "wan_congestion_control" in pdd or not scenario.exists():
         return config
     wan = json.loads(scenario.read_text())["network"]["wan"]
-    return {**config, "pdd": {**pdd, "wan_queue_bytes": wan["queue_packets"] * wan["mtu"]}}
+    known = {
+        "wan_queue_bytes": wan["queue_packets"] * wan["mtu"],
+        "wan_congestion_control": wan.get("congestion_control") or "cubic",
+    }
+    return {**config, "pdd": {**known, **pdd}}
 
 
 def replay(system_dir: Path) -> list[Replayed]:

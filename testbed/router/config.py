@@ -46,7 +46,10 @@ class PddConfig(BaseModel):
         0.0, ge=0, lt=100, description="WAN loss the router plans with (bounds one flow's rate)."
     )
     wan_queue_bytes: int = Field(
-        0, ge=0, description="The WAN's bottleneck queue the router plans with (a loss's cost)."
+        0, ge=0, description="The WAN's bottleneck queue the router plans with (0: unknown)."
+    )
+    wan_congestion_control: str = Field(
+        "cubic", description="The hosts' TCP congestion control: how a loss cuts a window."
     )
     kv_pool_reuse_s: float = Field(
         POOL_REUSE_S, gt=0, description="Decode servers' KV connection reuse (servers.)."

@@ -197,7 +197,8 @@ def wan_line(pdd: PddConfig, clock: Callable[[], float] = clock_now) -> WanLine:
         clock=clock,
         loss=pdd.wan_loss_pct / 100,
         pool_reuse_s=pdd.kv_pool_reuse_s,
-        queue_bytes=pdd.wan_queue_bytes,
+        queue_bytes=pdd.wan_queue_bytes or float("inf"),
+        congestion=pdd.wan_congestion_control,
     )
 
 

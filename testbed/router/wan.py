@@ -45,13 +45,15 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
   a connection out only when its request reaches it (``lead_s`` after routing), so a
   transfer routed while every pooled connection is busy gets the one the model sees
   freed by then; only when none is does it pay a new connection's slow start.
-- Random loss, past the first ``MSS / p`` bytes (the run a flow expects between two
-  losses; under one expected loss a flow most often has none): a retransmission every
-  ``MSS / p`` bytes, each costing what the recent lossy transfers measured
-  (``loss_cost``: their time beyond slow start and the goodput, per retransmission the
-  sender counted), seeded by Reno's sawtooth over the line's bottleneck queue
-  (:func:`~testbed.router.tcp_model.loss_cost_s`: nothing where the queue covers the
-  pipe, at most the Mathis bound's cost).
+- Random loss: a loss every ``MSS / p`` bytes (the first after that many: under one
+  expected loss a flow most often has none), each cutting the window as the line's
+  congestion control does (:data:`~testbed.router.tcp_model.RESPONSES`), and the window
+  beyond the pipe and the bottleneck queue cut the same way; round by round
+  (:func:`~testbed.router.tcp_model.flow`), so a loss costs what the window then falls
+  short of the pipe. On default (0.1%, CUBIC) that keeps a long flow's window at a
+  quarter of the pipe, as its senders reported; a per-loss cost learned from lossy
+  transfers (before) could not tell a loss at a small window from one at a large one.
+  A transfer past its loss-free run drains the line no faster than that flow alone.
 
 Slow start's rounds take ``round_trip``: the configured one until lone loss-free
 transfers that had rounds to take teach it (the round trip that explains each; on
@@ -79,10 +81,12 @@ from protocol.records import TransferRecord
 from testbed.router.tcp_model import (
     INITIAL_WINDOW,
     MSS,
+    RESPONSES,
     Congestion,
+    Flow,
     RecentMedian,
     fit_round_trip,
-    loss_cost_s,
+    flow,
 )
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
@@ -113,6 +117,7 @@ class _Outstanding:
     left: float  # not yet drained (the fluid model's view)
     started: float
     window: Congestion  # its connection's when it started
+    cap: float = float("inf")  # its rate alone on a lossy line (its window's)
     promised_to: int | None = None  # the transfer routed after it given its connection
 
 
@@ -125,15 +130,16 @@ class WanLine:
         clock=clock_now,
         loss: float = 0.0,
         pool_reuse_s: float = POOL_REUSE_S,
-        queue_bytes: float = 0.0,
+        queue_bytes: float = float("inf"),
+        congestion: str = "reno",
     ) -> None:
         self.rtt = 2 * one_way_s
         self.pool_reuse_s = pool_reuse_s  # decode servers' (servers.kv_pool_reuse_s)
         self.rate = float(rate_bytes_s)  # the line as configured
         self.loss = loss
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
-        seed = loss_cost_s(self.rate, self.rtt, loss, queue_bytes)
-        self.loss_cost = RecentMedian(seed, samples)  # what one retransmission costs
+        self.queue = queue_bytes  # the bottleneck's, beyond the pipe
+        self.response = RESPONSES.get(congestion, RESPONSES["cubic"])
         self.achieved = RecentMedian(self.rate, samples, cap=self.rate)
         self.round_trip = RecentMedian(self.rtt, samples, prior=3)  # one outlier is not it
         self.clock = clock
@@ -155,18 +161,10 @@ class WanLine:
         is what the line carries in all (measured; never above the configured rate)."""
         return self.achieved.value
 
-    @property
-    def lossy_rate(self) -> float:
-        """A flow's rate past its loss-free run: a retransmission every ``MSS / loss``
-        bytes, each costing ``loss_cost``."""
-        return 1 / (1 / self.goodput + self.loss_cost.value / self.loss_free)
-
-    def loss_s(self, nbytes: float) -> float:
-        """What random loss adds to one flow of ``nbytes``: the retransmissions past its
-        loss-free run (fewer than the mean: a flow under one expected loss most often
-        has none, and the median error is what the prediction is held to)."""
-        beyond = max(0.0, nbytes - self.loss_free)
-        return beyond / self.loss_free * self.loss_cost.value if beyond else 0.0
+    def _flow(self, nbytes: float, rate: float, window: Congestion) -> Flow:
+        """One flow of ``nbytes`` from ``window`` at ``rate``, with the line's losses."""
+        rtt = self.round_trip.value
+        return flow(nbytes, rate, rtt, window, self.loss_free, self.queue, self.response)
 
     def _loss_free_left(self, o: _Outstanding) -> float:
         """Bytes before ``o`` leaves its loss-free run (0 once past it)."""
@@ -175,8 +173,8 @@ class WanLine:
 
     def _flow_rate(self, o: _Outstanding, share: float) -> float:
         """A transfer's rate: its share of the line, and past its loss-free run at most
-        the loss bound."""
-        return share if self._loss_free_left(o) else min(share, self.lossy_rate)
+        its rate alone (the window the losses leave it)."""
+        return share if self._loss_free_left(o) else min(share, o.cap)
 
     def _drain(self, now: float) -> None:
         """Advance the fluid model to ``now``."""
@@ -257,8 +255,11 @@ class WanLine:
         return best_idle.window
 
     def _grown(self, window: Congestion, nbytes: float) -> Congestion:
-        """The model's guess of a window after carrying ``nbytes``: slow start grows it
-        by every byte acknowledged, up to the pipe (congestion avoidance: barely)."""
+        """The model's guess of a window after carrying ``nbytes``: on a lossless line,
+        slow start grows it by every byte acknowledged, up to the pipe (congestion
+        avoidance: barely); on a lossy one, as the losses leave it."""
+        if self.loss:
+            return self._flow(nbytes, self.rate, window).end
         if window.cwnd >= window.ssthresh:
             return window
         pipe = self.rate * self.round_trip.value
@@ -272,14 +273,11 @@ class WanLine:
         self._drain(now)
         # those still on the line when this transfer's first byte comes share it
         shared = sum(min(o.left, own_bytes) for o in self._at(now + self.lag_s))
-        line_s = max(
-            (own_bytes + shared) / self.goodput,
-            own_bytes / self.goodput + self.loss_s(own_bytes),
-        )
-        # slow start against the pipe at the rate it gets (its share; against the whole
+        line_s = (own_bytes + shared) / self.goodput
+        # its window against the pipe at the rate it gets (its share; against the whole
         # line's, default run S: 270 KB behind 1.85 MB predicted 0.20 s, took 0.09)
         share = self.rate * own_bytes / (own_bytes + shared)
-        return self._window(now).extra_s(own_bytes, share, self.round_trip.value) + line_s
+        return self._flow(own_bytes, share, self._window(now)).extra_s + line_s
 
     def predict(self, own_bytes: int) -> WanPrediction:
         queued = self.backlog()
@@ -288,7 +286,11 @@ class WanLine:
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())
         window = self._window(self._as_of, taker=room)
-        self.outstanding[room] = _Outstanding(nbytes, float(nbytes), self._as_of, window)
+        item = _Outstanding(nbytes, float(nbytes), self._as_of, window)
+        if self.loss:  # past its loss-free run it drains no faster than alone
+            alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput
+            item.cap = nbytes / alone_s
+        self.outstanding[room] = item
 
     def settle(self, room: int, record: TransferRecord | None = None) -> None:
         """The transfer of ``room`` ended (``record``: the receiver's log line, or None
@@ -330,32 +332,30 @@ class WanLine:
             self._learn(oldest, window, oldest.retransmits)
 
     def _learn(self, record: TransferRecord, window: Congestion, resent: int) -> None:
-        """A transfer that had the line to itself: without a retransmission (``resent``:
-        the sender's final count), the round trip its slow start's rounds took or, with
-        none to take, its rate (the goodput); with some, what they cost it beyond those,
-        each."""
-        resent = max(resent, record.retransmits)
+        """A transfer that had the line to itself, without a retransmission (``resent``:
+        the sender's final count): the round trip its window's rounds took or, with none
+        to take, its rate (the goodput). One with losses teaches nothing: what a loss
+        costs follows from the window it cuts (:func:`~testbed.router.tcp_model.flow`)."""
+        if max(resent, record.retransmits):
+            return
         x = record.wire_bytes
         if record.cwnd_bytes:  # the sender's measured window where it said
             window = Congestion.reported(record.cwnd_bytes, record.ssthresh_bytes)
         if 0 < record.cwnd_bytes <= INITIAL_WINDOW:  # a new connection's first rounds
             return  # took half again as long on default: nothing of the pooled ones'
-        rounds = window.extra_s(x, self.rate, self.round_trip.value) > 0
-        if not resent and rounds and record.cwnd_bytes:
+        extra = window.extra_s(x, self.rate, self.round_trip.value, self.response)
+        if extra > 0 and record.cwnd_bytes:
             # slow start had rounds to take from the window its sender measured: the
             # transfer teaches their round trip
             line_s = x / self.goodput
-            fit = fit_round_trip(x, record.seconds, line_s, self.rate, self.rtt, window)
+            fit = fit_round_trip(
+                x, record.seconds, line_s, self.rate, self.rtt, window, self.response
+            )
             if fit is not None:
                 self.round_trip.add(fit)
             return
-        seconds = record.seconds - window.extra_s(x, self.rate, self.round_trip.value)
-        if seconds <= 0:
-            return
-        if not resent:
-            self.achieved.add(x / seconds)
-        elif self.loss:
-            self.loss_cost.add(max(0.0, seconds - x / self.goodput) / resent)
+        if record.seconds > extra:
+            self.achieved.add(x / (record.seconds - extra))
 
     def sender_end(self, room: int, record: TransferRecord) -> None:
         """The sender's log line for ``room``, written after decode's Ack: its final

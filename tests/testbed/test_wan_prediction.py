@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import pytest
 
+from testbed.router.config import PddConfig
+from testbed.router.policies import wan_line
 from testbed.router.tcp_model import (
     INITIAL_WINDOW,
+    RESPONSES,
     Congestion,
     fit_round_trip,
-    flow_rate_bound,
-    loss_cost_s,
+    flow,
     slow_start_s,
 )
 from testbed.router.wan import WanLine
@@ -118,32 +120,36 @@ def test_a_transfer_no_log_ever_settles_is_dropped_after_a_while():
 
 
 def test_on_a_lossy_line_a_flow_slows_past_its_loss_free_run_and_flows_share_the_line():
+    """Default's line (100 Mbit/s, 20 ms, 0.1% loss, CUBIC, a 1000-packet queue): a loss
+    every 1.45 MB cuts a window to 0.7 of itself, and it grows back half a segment a
+    round trip, so a long flow's window stays at a quarter of the 250 KB pipe: its
+    senders reported 40-115 KB, and 6.96 MB from a 57 KB window took 2.74 s (the line's
+    rate says 0.56 s)."""
     clock = Clock()
-    rate, one_way, loss = 12.5 * MB, 0.01, 0.001  # the default scenario's WAN
-    line = WanLine(rate_bytes_s=rate, one_way_s=one_way, clock=clock, loss=loss)
-    flow = flow_rate_bound(0.02, loss)
-    assert 2.5 * MB < flow < 3 * MB and line.goodput == pytest.approx(rate)
-    assert flow_rate_bound(0.02, 0.0) == float("inf")
-    free = 1448 / loss  # the bytes a flow sends, on average, between two losses
-    ramp = slow_start_s(2.5 * MB, rate, 0.02)
-    # A lone 2.5 MB transfer: its first 1.45 MB at the line's rate, the rest at one
-    # flow's loss bound (measured on default: 1.3 s where the line rate said 0.2 s).
-    lone = line.predict(int(2.5 * MB)).seconds
-    assert lone == pytest.approx(ramp + free / rate + (2.5 * MB - free) / flow)
-    small = line.predict(int(0.5 * MB)).seconds  # within the loss-free run: the line's rate
+    rate, one_way, loss = 12.5 * MB, 0.01, 0.001
+    line = WanLine(rate, one_way_s=one_way, clock=clock, loss=loss, queue_bytes=1.5 * MB)
+    cubic = RESPONSES["cubic"]
+    long = flow(20 * MB, rate, 0.02, Congestion(60_000, 50_000), 1448 / loss, 1.5 * MB, cubic)
+    assert 30_000 < long.end.cwnd < 120_000 and long.end.ssthresh < long.end.cwnd
+    measured = flow(6.96 * MB, rate, 0.02, Congestion(57_000, 50_000), 1448 / loss, 1.5 * MB)
+    assert 2.0 < measured.extra_s + 6.96 * MB / rate < 3.5
+    # within its loss-free run a flow loses nothing: its window's rounds alone
+    small = line.predict(int(0.5 * MB)).seconds
     assert small == pytest.approx(slow_start_s(0.5 * MB, rate, 0.02) + 0.5 * MB / rate)
-    # Two flows fit the line side by side: the second is barely slowed by the first.
+    pooled = Congestion(60_000, 50_000)  # the loss at 1.45 MB cuts it further below the pipe
+    lossy = flow(2.5 * MB, rate, 0.02, pooled, 1448 / loss, 1.5 * MB, cubic).extra_s
+    assert lossy > flow(2.5 * MB, rate, 0.02, pooled, response=cubic).extra_s + 0.05
+    lone = line.predict(int(2.5 * MB)).seconds  # a new connection's slow start overshoots
+    assert lone == pytest.approx(slow_start_s(2.5 * MB, rate, 0.02) + 2.5 * MB / rate)
+    # Behind a large transfer a flow pays for its share of the line, not the backlog.
     line.start(1, 20 * MB)
-    half = slow_start_s(2.5 * MB, rate / 2, 0.02)  # its slow start against half the pipe
-    assert line.predict(int(2.5 * MB)).seconds == pytest.approx(lone - ramp + half)
+    assert lone < line.predict(int(2.5 * MB)).seconds < 2 * lone < 22.5 * MB / rate
     clock.now += 1.0  # the first drained its loss-free run at the line's rate, then slower
-    drained = free + (1.0 - free / rate) * flow
-    assert line.backlog() == pytest.approx(20 * MB - drained, rel=1e-6)
+    assert 20 * MB - line.backlog() < rate * 1.0
     # Six flows need more than the line: the new one gets a sixth of it.
     for room in range(2, 6):
         line.start(room, 20 * MB)
-    crowded = slow_start_s(2.5 * MB, rate / 6, 0.02) + 6 * 2.5 * MB / rate
-    assert line.predict(int(2.5 * MB)).seconds == pytest.approx(crowded) and crowded > lone
+    assert line.predict(int(2.5 * MB)).seconds > 6 * 2.5 * MB / rate
 
 
 def test_no_flow_and_no_line_outrun_the_configured_rate():
@@ -178,7 +184,7 @@ def test_past_the_slow_start_threshold_a_window_grows_a_segment_a_round_trip():
     linear = slow_start_s(272_000, rate, rtt, cwnd, ssthresh=cwnd)
     assert 2 * rtt < doubling < 3 * rtt and 8 * rtt < linear < 10 * rtt  # plus bytes / rate
     clock = Clock()
-    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock, congestion="reno")
     line.start(room=1, nbytes=MB)
     clock.now += 1.0
     line.settle(1, settled(1, MB, 0.5, cwnd_end_bytes=cwnd, ssthresh_end_bytes=cwnd))
@@ -227,7 +233,6 @@ def test_a_lone_transfer_is_learned_with_its_senders_final_retransmission_count(
     assert line.goodput == 2 * MB  # not learned yet: the sender's count is not in
     line.sender_end(1, sent(1, retransmits=163))
     assert line.goodput == 2 * MB  # a loss, not the line's rate
-    assert line.loss_cost.value == pytest.approx((16.0 - 1.0) / 163)
     clock.now += 1.0  # the sender's line first, then the receiver's: learned at once
     line.start(2, MB)
     clock.now += 1.0
@@ -236,29 +241,17 @@ def test_a_lone_transfer_is_learned_with_its_senders_final_retransmission_count(
     assert line.goodput == pytest.approx(MB)
 
 
-def test_a_lossless_transfer_teaches_the_goodput_and_a_lossy_one_what_a_loss_costs():
-    """Measured on default: under load transfers went at about 60% of the line, and a
-    loss cost about 0.1 s where the Mathis bound the model is seeded with said 0.4 s.
-    Each lone transfer teaches one of the two, by whether its sender retransmitted."""
+def test_a_lossless_transfer_teaches_the_goodput_and_a_lossy_one_nothing():
+    """A lone transfer without a retransmission teaches the line's goodput; one with
+    some is explained by the windows its losses cut, not by a slower line."""
     clock = Clock()
     rate, loss = 12.5 * MB, 0.001
     line = WanLine(rate_bytes_s=rate, one_way_s=0.01, clock=clock, loss=loss)
-    free = 1448 / loss
-    seeded = line.loss_s(10 * MB)
-    assert seeded == pytest.approx((10 * MB - free) * (1 / flow_rate_bound(0.02, loss) - 1 / rate))
     full = {"cwnd_bytes": MB}  # a window past the pipe: no slow start to explain
-    # Two retransmissions, 0.2 s beyond the line's rate: the goodput stays.
-    alone(line, clock, 1, 2 * MB, 2 * MB / rate + 0.2, retransmits=2, **full)
-    assert line.goodput == pytest.approx(rate) and line.loss_cost.value == pytest.approx(0.1)
-    assert line.loss_s(10 * MB) == pytest.approx((10 * MB - free) / free * 0.1)
-    assert line.loss_s(10 * MB) < seeded / 3
-    # None: its rate is the goodput, which the next loss's cost is measured against.
+    alone(line, clock, 1, 2 * MB, 2 * MB / rate + 0.5, retransmits=2, **full)
+    assert line.goodput == pytest.approx(rate)
     alone(line, clock, 2, MB, MB / (7.5 * MB), **full)
     assert line.goodput == pytest.approx(7.5 * MB)
-    alone(line, clock, 3, 2 * MB, 2 * MB / (7.5 * MB) + 0.05, retransmits=1, **full)
-    assert line.goodput == pytest.approx(7.5 * MB)
-    assert line.loss_cost.value == pytest.approx((0.1 + 0.05) / 2)
-    assert line.loss_s(MB) == 0  # within the loss-free run: most such flows lose nothing
 
 
 def test_a_routed_transfer_drains_only_from_when_its_first_byte_is_due():
@@ -294,21 +287,24 @@ def test_a_flow_sharing_the_line_ramps_up_only_to_its_share():
 
 
 def test_a_loss_costs_what_the_bottleneck_queue_does_not_cover():
-    """Reno halves its window at a loss. On default's line (100 Mbit/s, 20 ms: a 250 KB
-    pipe) behind a 1000-packet queue the halved window still fills the pipe, and the
-    first 11.8 MB transfers, predicted at 4 s on the Mathis bound, took 1.1 s with five
-    retransmissions. Without a queue a loss costs the triangle of the refilling pipe,
-    about what the Mathis bound says; losses too frequent to refill cost the bound."""
-    rate, rtt, loss = 12.5 * MB, 0.02, 0.001
-    mathis = 1448 / loss * (1 / flow_rate_bound(rtt, loss) - 1 / rate)
-    assert loss_cost_s(rate, rtt, loss, queue_bytes=1500 * 1000) == 0
-    bare = loss_cost_s(rate, rtt, loss, queue_bytes=0)
-    assert bare == pytest.approx(mathis) and 0.3 < bare < 0.5
-    half = loss_cost_s(rate, rtt, loss, queue_bytes=rate * rtt / 2)
-    assert half == pytest.approx((rate * rtt / 4) ** 2 / (2 * 1448 * rate)) and half < bare / 3
-    assert loss_cost_s(rate, rtt, 0.0) == 0
-    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, loss=loss, queue_bytes=1500 * 1000)
-    assert line.loss_s(11.8 * MB) == 0  # the seed: what the line predicts until it learns
+    """A loss cuts the window (Reno to half, CUBIC to 0.7). On default's line (a 250 KB
+    pipe) behind a 1000-packet queue a window that had filled the queue still fills the
+    pipe after the cut, and the first 11.8 MB transfers took 1.1 s with five
+    retransmissions; a window the cut leaves below the pipe costs the round trips it
+    takes to grow back. The line predicts with its own congestion control."""
+    rate, rtt, every = 12.5 * MB, 0.02, 1448 / 0.001
+    full = Congestion(1.6 * MB, 1.6 * MB)  # the pipe and the queue
+    lossless = flow(2 * MB, rate, rtt, full, queue=1.5 * MB).extra_s
+    assert lossless == 0 and flow(2 * MB, rate, rtt, full, every, 1.5 * MB).extra_s == 0
+    pipe = Congestion(250_000, 250_000)  # a window at the pipe: a loss empties it
+    reno = flow(3 * MB, rate, rtt, pipe, every, 1.5 * MB, RESPONSES["reno"])
+    cubic = flow(3 * MB, rate, rtt, pipe, every, 1.5 * MB, RESPONSES["cubic"])
+    assert 0 < cubic.extra_s < reno.extra_s and cubic.end.cwnd < 250_000
+    assert flow(3 * MB, rate, rtt, pipe, every, 1.5 * MB, RESPONSES["bbr"]).extra_s == 0
+    pdd = PddConfig(wan_loss_pct=0.1, wan_queue_bytes=1_500_000, wan_congestion_control="bbr")
+    line = wan_line(pdd)  # the scenario's congestion control and queue reach the line
+    assert line.response == RESPONSES["bbr"] and line.queue == 1_500_000
+    assert wan_line(PddConfig()).queue == float("inf")  # unknown: no overflow is predicted
 
 
 def test_slow_starts_rounds_teach_the_round_trip_they_took():
