@@ -1,8 +1,7 @@
 """What follows each request of a pdd router: DRC alignment and the MD prefix mirror.
 
-When a request is routed with its KV to MD, ``routed`` tells the MD prefix mirror that
-MD will hold its prompt. After a request that ended on MD (or was settled there),
-``remember`` tells the mirror what MD now caches and, with ``align_prefill_cache``,
+After a request that ended on MD (or was settled there), ``remember`` tells the MD
+prefix mirror what MD now caches and, with ``align_prefill_cache``,
 has P cache the same exchange (a prefill with SGLang's fake transfer: nothing is
 sent), so P's and MD's hit ratios stay aligned over a session. A session's next
 request waits for the previous one's alignment, or for its settling on MD when relay
@@ -27,8 +26,6 @@ from testbed.router.upstream import Upstream
 
 logger = logging.getLogger("pdd.router")
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
-KV_TO_MAIN_DECODE = (Pipeline.P_MD, Pipeline.P_RLD_MD)
-MAX_LANDING = 1024  # prompts waiting for their transfer to MD to land
 
 
 class AfterRequest:
@@ -42,8 +39,6 @@ class AfterRequest:
         # id(record) → settle_on_md's task, for requests relay decode finished first
         self.settling: dict[int, asyncio.Task] = {}
         self.wait_s = pdd.turn_wait_s  # how long a next turn waits for them
-        # room → (prompt, session) whose KV is still on the WAN to MD (``landed``)
-        self.landing: dict[int, tuple[list[int], str | None]] = {}
 
     async def before(self, session: str | None) -> asyncio.Future | None:
         """Wait until P caches the session's previous exchange; returns this request's
@@ -63,36 +58,6 @@ class AfterRequest:
             except Exception as exc:  # alignment is an optimisation; never fail a request
                 logger.warning("aligning P's cache for session %s: %r", session, exc)
         return mine
-
-    def routed(
-        self, route: Route, body: dict, session: str | None, landing: int | None = None
-    ) -> None:
-        """The prompt's KV is on its way to main decode (P->MD, P->RLD->MD): MD caches
-        it once it lands, before this turn's exchange settles there, so the session's
-        next turn, routed while this one still decodes, is predicted with it (without:
-        a next turn predicted 336 uncached tokens on the WAN where MD lacked 17). Only
-        for the session's own next turn: another session's prompt routed meanwhile may
-        share its prefix, but its transfer runs beside this one's and MD has neither
-        yet (so counted, the opening burst's 10 MB transfers were predicted at 0.4 s).
-        ``landing``: the room whose transfer still carries it across the WAN; the prompt
-        counts once the receiver's log says it landed (``landed``). Counted at routing,
-        a next turn routed while the previous turn's 6 MB were still on the WAN was
-        predicted with 64 uncached tokens where MD lacked 850."""
-        prompt = body.get("input_ids")
-        if route.pipeline not in KV_TO_MAIN_DECODE or not isinstance(prompt, list):
-            return
-        if landing is None:
-            self.mirror.add(prompt, session, shared=False)
-            return
-        self.landing[landing] = (prompt, session)
-        while len(self.landing) > MAX_LANDING:  # a log line never came: forget the oldest
-            del self.landing[next(iter(self.landing))]
-
-    def landed(self, room: int, ok: bool) -> None:
-        """Main decode's receiver logged the transfer of ``room``: its prompt is on MD."""
-        prompt_session = self.landing.pop(room, None)
-        if prompt_session is not None and ok:
-            self.mirror.add(prompt_session[0], prompt_session[1], shared=False)
 
     def after(
         self, route: Route | None, body: dict, record: RequestRecord, done: asyncio.Future | None

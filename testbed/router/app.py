@@ -220,9 +220,7 @@ class Router:
                 dual_path=route.pipeline == Pipeline.P_RLD_MD,
                 early_start=route.pipeline == Pipeline.P_MD,
             )
-        on_line = self._on_wan(route, record)
-        if self.after is not None:
-            self.after.routed(route, body, record.session_id, record.room if on_line else None)
+        self._on_wan(route, record)
         busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
         for name in busy:
             self.loads.in_flight[name] += 1
@@ -321,17 +319,14 @@ class Router:
             return
         if side == "decode" and log in self._wan_logs:
             self.policy.wan.settle(transfer.room, transfer)
-            if self.after is not None:
-                self.after.landed(transfer.room, transfer.ok)
         elif side == "prefill" and transfer.peer.rsplit(":", 1)[0] in self._far_hosts:
             self.policy.wan.sender_end(transfer.room, transfer)
 
-    def _on_wan(self, route: Route, record: RequestRecord) -> bool:
+    def _on_wan(self, route: Route, record: RequestRecord) -> None:
         """A request whose KV crosses the WAN: its prediction goes into the record, and
-        its bytes onto the line's backlog until the receiver's log settles them (True
-        if any did)."""
+        its bytes onto the line's backlog until the receiver's log settles them."""
         if route.wan is None:
-            return False
+            return
         record.predicted_wan_s = route.wan.seconds
         record.wan_queued_bytes = route.wan.queued_bytes
         record.wan_own_bytes = route.wan.own_bytes
@@ -339,5 +334,3 @@ class Router:
         crosses = route.prefill is not None and route.kv_server.site != route.prefill.site
         if crosses and route.wan.own_bytes and self.policy.wan is not None:
             self.policy.wan.start(record.room, route.wan.own_bytes)
-            return True
-        return False
