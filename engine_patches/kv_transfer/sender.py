@@ -46,7 +46,7 @@ from protocol.frames import (
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
-from protocol.tcp import idle_since, tcp_state
+from protocol.tcp import idle_since, settled_state, tcp_state
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -162,8 +162,13 @@ class _Leg:
                 with contextlib.suppress(OSError):  # a broken one ends at the next read
                     end = Window(record.cwnd_end_bytes, record.ssthresh_end_bytes)
                     send_frame(conn, MsgType.WINDOW, room, end.encode())
-                self._finish_record("success", None)
+                self._finish_record("success", None, write=False)
                 mgr.reuse_connection(conn, self.incoming.peer)
+                # the log's end window once the kernel had a moment to undo a spurious
+                # cut (the Window frame above has the one decode chooses by)
+                tcp = settled_state(conn)
+                record.cwnd_end_bytes, record.ssthresh_end_bytes = tcp[:2]
+                mgr.log.write(record)
                 return
         except Exception as exc:  # a worker never dies silently: the transfer fails
             reason = str(exc) or type(exc).__name__
@@ -221,12 +226,13 @@ class _Leg:
         self.record.cwnd_end_bytes, self.record.ssthresh_end_bytes = tcp[:2]
         self.record.retransmits = tcp.retransmits - self._retransmitted
 
-    def _finish_record(self, status: str, reason: str | None) -> None:
+    def _finish_record(self, status: str, reason: str | None, write: bool = True) -> None:
         record = self.record
         if record is None or record.end is not None:
             return
         record.end, record.status, record.reason = clock.now(), status, reason
-        self.sender.kv_mgr.log.write(record)
+        if write:
+            self.sender.kv_mgr.log.write(record)
 
 
 class TcpKVSender(BaseKVSender):

@@ -13,7 +13,7 @@ from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol.env import Env
 from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame
 from protocol.kv import Done, KvChunkHeader, TransferRequest
-from protocol.tcp import tcp_state
+from protocol.tcp import settled_state, tcp_state
 
 
 def test_transfer_request_round_trip():
@@ -61,6 +61,33 @@ def test_tcp_state_reads_the_kernels_window_and_retransmissions():
         peer.close()
     a, b = socket.socketpair()
     assert tcp_state(a) == (0, 0, 0)
+    a.close()
+    b.close()
+
+
+def test_a_transfers_end_window_is_read_while_the_connection_idles_not_under_new_data():
+    """The sender's end window is read a moment after the transfer (the kernel may undo
+    a spurious cut meanwhile), but only while the connection carries nothing new: a
+    next transfer's data grows the window, and that is not this transfer's end."""
+    import threading
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        idle = tcp_state(client)
+        assert settled_state(client, within_s=0.1) == idle  # nothing moved it
+        drain = threading.Thread(target=lambda: [peer.recv(1 << 20) for _ in range(64)])
+        drain.start()
+        sending = threading.Timer(0.1, lambda: client.sendall(b"x" * (8 << 20)))
+        sending.start()
+        assert settled_state(client, within_s=3.0) == idle  # stopped at the new data
+        sending.join()
+        assert tcp_state(client).cwnd_bytes > idle.cwnd_bytes  # the data did grow it
+        client.close()
+        drain.join(timeout=5)
+        peer.close()
+    a, b = socket.socketpair()
+    assert settled_state(a, within_s=0.05) == (0, 0, 0)  # not TCP: nothing, and no error
     a.close()
     b.close()
 
