@@ -148,6 +148,9 @@ class TransferRecord:
     retransmits: int = 0
     cwnd_end_bytes: int = 0
     ssthresh_end_bytes: int = 0
+    # The sender's: the window its Window frame told decode, which decode's pool ranks
+    # the connection by; its end window above is read later, once the kernel settled.
+    told_cwnd_bytes: int = 0
 
     @property
     def ok(self) -> bool:

@@ -162,6 +162,7 @@ class _Leg:
                 with contextlib.suppress(OSError):  # a broken one ends at the next read
                     end = Window(record.cwnd_end_bytes, record.ssthresh_end_bytes)
                     send_frame(conn, MsgType.WINDOW, room, end.encode())
+                record.told_cwnd_bytes = record.cwnd_end_bytes
                 self._finish_record("success", None, write=False)
                 mgr.reuse_connection(conn, self.incoming.peer)
                 # the log's end window once the kernel had a moment to undo a spurious

@@ -32,19 +32,19 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
 :mod:`testbed.router.tcp_model`):
 
 - TCP's window, from the one its connection already has: a round trip per doubling
-  until it fills the pipe in slow start, one segment more per round trip past the slow
-  start threshold (congestion avoidance, where a connection that lost packets stays).
-  Decode servers pool their KV connections and reuse the warmest (the largest window
-  its sender reported, then the one returned last; ``servers.kv_pool_reuse_s``), so
-  the line mirrors that pool: a connection comes back with the window its sender
-  reported in the Done frame (``TransferRecord.cwnd_end_bytes``), then with the window
-  and threshold of the sender's own log line, written once decode's Ack came back (the
-  Done frame leaves while the last windows are still in flight: on hetero it reported
-  1.6 MB where the sender ended at 0.8 MB after 82 retransmissions). Where no sender
-  said anything, slow start grew the window by every byte acknowledged. Decode checks
-  a connection out only when its request reaches it (``lead_s`` after routing), so a
-  transfer routed while every pooled connection is busy gets the one the model sees
-  freed by then; only when none is does it pay a new connection's slow start.
+  until it fills the pipe in slow start, ``alpha`` segments more per round trip past
+  the slow start threshold. Decode servers pool their KV connections and reuse the
+  warmest (the largest window its sender told it in the Window frame, then the one
+  returned last; ``servers.kv_pool_reuse_s``), so the line mirrors that pool, ranked
+  the same way: a connection comes back with the window of the Done frame
+  (``TransferRecord.cwnd_end_bytes``), then with the window and threshold of the
+  sender's own log line, read once the kernel had a moment to undo a spurious cut
+  after decode's Ack (``protocol.tcp.settled_state``; the Done frame leaves while the
+  last windows are in flight: on hetero it reported 1.6 MB where the sender ended at
+  0.8 MB). Where no sender said anything, the model's own flow gives its end window.
+  Decode checks a connection out only when its request reaches it (``lead_s`` after
+  routing), so a transfer routed while every pooled connection is busy gets the one
+  the model sees freed by then; only when none is does it pay a new connection's.
 - Random loss: a loss every ``MSS / p`` bytes (the first after that many: under one
   expected loss a flow most often has none), each cutting the window as the line's
   congestion control does (:data:`~testbed.router.tcp_model.RESPONSES`), and the window
@@ -62,11 +62,11 @@ Their pipe is the configured rate's (counted against the goodput, a low estimate
 shrank the pipe, explained less, and fell further). A flow sharing the line ramps up
 only to its share: its window holds it back while below the share's pipe.
 
-The rest (framing, the receiver's work, what the model misses) is in the goodput: the
-median rate of the recent settled transfers that had the line to themselves, lost
-nothing (by the sender's final count) and had no slow-start round to take. Had the
-line to themselves: no other transfer's measured first byte to last byte overlapped
-theirs, and none the model still has on the wire was routed before they ended.
+Bytes are the wire's (``framing``: frame headers per KV byte, learned). The rest (the
+receiver's work, what the model misses) is in the goodput: the median rate of the
+recent settled transfers that had the line to themselves (no other's first to last
+byte overlapped theirs, none still on the wire was routed before they ended), lost
+nothing (by the sender's final count) and had no round to take.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class _Idle:
     window: Congestion  # its congestion state: the Done frame's, then the sender's log's
     since: float
     conn: str | None = None  # which connection: its decode end, as the sender's log names it
+    rank: float = 0.0  # the window decode's pool ranks it by (its Window frame's)
 
 
 @dataclass
@@ -142,11 +143,12 @@ class WanLine:
         self.response = RESPONSES.get(congestion, RESPONSES["cubic"])
         self.achieved = RecentMedian(self.rate, samples, cap=self.rate)
         self.round_trip = RecentMedian(self.rtt, samples, prior=3)  # one outlier is not it
+        self.framing = RecentMedian(1.0, samples)  # wire bytes per KV byte (frame headers)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[_Idle] = []  # idle connections
         # senders' end windows (and connections) read before the receiver's settle
-        self.ended: dict[int, tuple[Congestion, str]] = {}
+        self.ended: dict[int, tuple[Congestion, str, float]] = {}
         # senders' final retransmission counts read first, lone transfers awaiting theirs
         self.resent: dict[int, int] = {}
         self.unlearned: dict[int, tuple[TransferRecord, Congestion]] = {}
@@ -241,7 +243,7 @@ class WanLine:
             for o, later in zip(self.outstanding.values(), at_checkout, strict=True)
             if o.promised_to is None and later.left <= 1e-6
         ]
-        best_idle = max(self.pool, key=lambda c: (c.window.cwnd, c.since), default=None)
+        best_idle = max(self.pool, key=lambda c: (c.rank or c.window.cwnd, c.since), default=None)
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         grown = best_freed and self._grown(best_freed.window, best_freed.bytes)
         if grown and (best_idle is None or grown.cwnd > best_idle.window.cwnd):
@@ -269,13 +271,13 @@ class WanLine:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
         if not own_bytes:
             return 0.0
+        own_bytes *= self.framing.value
         now = self.clock()
         self._drain(now)
         # those still on the line when this transfer's first byte comes share it
         shared = sum(min(o.left, own_bytes) for o in self._at(now + self.lag_s))
         line_s = (own_bytes + shared) / self.goodput
-        # its window against the pipe at the rate it gets (its share; against the whole
-        # line's, default run S: 270 KB behind 1.85 MB predicted 0.20 s, took 0.09)
+        # its window against the pipe at the rate it gets (its share)
         share = self.rate * own_bytes / (own_bytes + shared)
         return self._flow(own_bytes, share, self._window(now)).extra_s + line_s
 
@@ -286,6 +288,7 @@ class WanLine:
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())
         window = self._window(self._as_of, taker=room)
+        nbytes = round(nbytes * self.framing.value)
         item = _Outstanding(nbytes, float(nbytes), self._as_of, window)
         if self.loss:  # past its loss-free run it drains no faster than alone
             alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput
@@ -302,6 +305,7 @@ class WanLine:
             return
         if record is None or not record.ok or not record.seconds or not record.kv_bytes:
             return  # a failed transfer's connection is closed, not pooled
+        self.framing.add(record.wire_bytes / record.kv_bytes)
         self.leads.append(max(0.0, record.start - item.started))
         self.lags.append(max(0.0, record.wire_end - record.seconds - item.started))
         # The sender's window as it ended (the Done frame), else the model's guess.
@@ -313,8 +317,8 @@ class WanLine:
         # decode checked one out for it (else decode took another, and it idles now).
         taker = self.outstanding.get(item.promised_to) if item.promised_to is not None else None
         if taker is None or record.end > taker.started + self.lead_s:
-            window, conn = self.ended.pop(room, (window, None))
-            self._returned(_Idle(room, window, self._as_of, conn))
+            window, conn, rank = self.ended.pop(room, (window, None, window.cwnd))
+            self._returned(_Idle(room, window, self._as_of, conn, rank))
         self._forget_ended()
         first, end = record.wire_end - record.seconds, record.wire_end
         shared = any(f < end and first < e for f, e in self.recent) or any(
@@ -371,21 +375,19 @@ class WanLine:
         if not record.ok or not record.cwnd_end_bytes:
             return
         window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
+        told = record.told_cwnd_bytes or window.cwnd  # settled after it: what it has
         for idle in self.pool:
             if idle.room == room:
-                idle.window, idle.conn = window, record.peer
+                idle.window, idle.conn, idle.rank = window, record.peer, told
                 self._returned(idle)
                 return
         if room in self.outstanding:  # the receiver's line is not read yet
-            self.ended[room] = (window, record.peer)
+            self.ended[room] = (window, record.peer, told)
 
     def _returned(self, idle: _Idle) -> None:
         """``idle`` is back in the pool: an entry the model still holds for the same
-        connection is a ghost (the model thought a transfer took another connection, or
-        a new one, where decode reused this one), and goes. Without it the model's pool
-        grew by one entry per guess: on hetero run L it held 19 connections where decode
-        had three, and gave transfers the 0.9 MB window one of them had before its losses
-        (predicted 0.3 s where a 0.23 MB window took 1.5 s)."""
+        connection is a ghost of a wrong guess, and goes (without, on hetero run L the
+        model held 19 connections where decode had three)."""
         if idle not in self.pool:
             self.pool.append(idle)
         if idle.conn is not None:

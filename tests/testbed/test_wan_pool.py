@@ -170,6 +170,25 @@ def test_the_senders_log_gives_the_window_the_connection_really_kept(sender_firs
     assert line.predict(MB).seconds == pytest.approx(expected)  # then room 1's, as it ended
 
 
+def test_decode_ranks_by_the_window_it_was_told_and_gets_the_one_that_settled():
+    """The sender tells decode its window right after the Ack (the Window frame: decode's
+    pool takes the largest), and logs the one the connection has once the kernel undid
+    a spurious cut. The model ranks as decode does and predicts with what it gets."""
+    line, clock = two_routed()
+    rate, rtt = line.rate, line.rtt
+    line.settle(1, settled(1, MB, 1.0, end=clock.now, cwnd_end_bytes=300_000))
+    line.settle(2, settled(2, MB, 1.0, end=clock.now, cwnd_end_bytes=600_000))
+    undone = dict(cwnd_end_bytes=900_000, ssthresh_end_bytes=900_000, told_cwnd_bytes=300_000)
+    line.sender_end(1, replace(settled(1, MB, 1.0, **undone), peer="md:1"))
+    told = settled(2, MB, 1.0, cwnd_end_bytes=600_000, told_cwnd_bytes=600_000)
+    line.sender_end(2, replace(told, peer="md:2"))  # two connections
+    expected = slow_start_s(MB, rate, rtt, 600_000) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(expected)  # decode takes room 2's
+    line.start(room=3, nbytes=MB)
+    expected = slow_start_s(MB, rate / 2, rtt, 900_000, 900_000) + 2 * MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(expected)  # then room 1's, as settled
+
+
 def test_the_pool_holds_one_entry_per_connection_the_senders_log_names():
     """The model gave room 2 a new connection (room 1 looked busy past room 2's
     checkout), but decode reused room 1's: once the sender's log names the connection

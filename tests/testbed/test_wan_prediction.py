@@ -331,3 +331,23 @@ def test_slow_starts_rounds_teach_the_round_trip_they_took():
     # a transfer that needs no round (a window past the pipe) teaches the goodput
     alone(line, clock, 4, int(0.5 * MB), 0.5 * MB / (11 * MB), cwnd_bytes=MB)
     assert line.goodput == pytest.approx(11 * MB) and len(line.round_trip.samples) == 2
+
+
+def test_the_line_predicts_the_wires_bytes_frame_headers_included():
+    """The router knows the KV bytes; the wire carries them in frames, a percent more
+    on default. Where a window's round ends near the last byte, that percent is a
+    round trip (run 215744: 270 KB of KV predicted at 51 ms, 272 KB on the wire took 66),
+    so the line learns the wire's bytes per KV byte from the receivers' records."""
+    from dataclasses import replace
+
+    clock = Clock()
+    rate, rtt = 12.5 * MB, 0.02
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    kv = int(0.27 * MB)
+    line.start(1, kv)
+    clock.now += 1.0
+    line.settle(1, replace(settled(1, kv, 0.5, end=clock.now), wire_bytes=int(kv * 1.01)))
+    assert line.framing.value == pytest.approx(1.01, rel=1e-4)
+    window = line._window(clock.now)
+    expected = window.extra_s(kv * 1.01, rate, rtt) + kv * 1.01 / line.goodput
+    assert line.predict(kv).seconds == pytest.approx(expected, rel=1e-6)
