@@ -40,7 +40,7 @@ async def drain_main_decode(req: RelayedRequest, pending: asyncio.Future, md_str
         if aligning is not None:
             await aligning
     except Exception as exc:  # off the client's path: log, never raise
-        logger.info("room %s: main decode after relay decode ended: %r", req.record.room, exc)
+        logger.warning("room %s: main decode after relay decode ended: %r", req.record.room, exc)
     finally:
         req.release()
 
@@ -84,6 +84,6 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
         if aligning is not None:
             await aligning
     except Exception as exc:  # an optimisation off the client's path: log, never raise
-        logger.info("settling room %s on main decode: %r", req.record.room, exc)
+        logger.warning("settling room %s on main decode: %r", req.record.room, exc)
     finally:
         req.release()
