@@ -59,7 +59,7 @@ class NoWanModel(ValueError):
     """The system's router predicts no WAN time (not a pdd system)."""
 
 
-def _with_queue(config: dict, run_dir: Path) -> dict:
+def _with_line(config: dict, run_dir: Path) -> dict:
     """A router config from before the line knew its bottleneck queue
     (``wan_queue_bytes``) or congestion control gets the run's, from its scenario, as a
     router now would."""
@@ -80,7 +80,7 @@ def replay(system_dir: Path) -> list[Replayed]:
     if not config_path.exists():
         raise FileNotFoundError(f"{system_dir}: no router.json (not a system's run directory)")
     stored = json.loads(config_path.read_text())
-    config = RouterConfig.model_validate(_with_queue(stored, system_dir.parent))
+    config = RouterConfig.model_validate(_with_line(stored, system_dir.parent))
     if config.pdd is None:
         raise NoWanModel(f"{system_dir}: system {config.system!r} predicts no WAN time")
     near = {s.site for s in config.with_role(Role.PREFILL)}

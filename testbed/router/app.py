@@ -53,7 +53,6 @@ from testbed.router.upstream import Upstream, UpstreamError
 from testbed.router.validate import Rejected, check_body, check_headers
 
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
-LATE_PREFILL_S = 60.0  # how long a record waits for P's answer after the stream ended
 INFO = ("/v1/models", "/model_info", "/server_info")  # answered by a server
 OPENAI = (COMPLETIONS, CHAT)  # tokenized at the router, served natively
 logger = logging.getLogger("pdd.router")
@@ -302,10 +301,12 @@ class Router:
         shutdown: a record is never lost)."""
         try:
             if after is not None:
-                done, _ = await asyncio.wait({after}, timeout=LATE_PREFILL_S)
-                if not done:
-                    after.cancel()
-                elif not after.cancelled():
+                # P answers once its WAN leg has ended: cancelling it would close P's
+                # connection and P would abort the leg (and main decode's settle with it;
+                # hetero run 230923 cut four such legs 60 s after relay decode finished).
+                # The upstream's own timeout bounds the wait.
+                await asyncio.wait({after})
+                if not after.cancelled():
                     after.exception()  # retrieved: a failed late answer changes nothing
             await self.transfers.join(route, record)
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -48,7 +49,7 @@ class PddConfig(BaseModel):
     wan_queue_bytes: int = Field(
         0, ge=0, description="The WAN's bottleneck queue the router plans with (0: unknown)."
     )
-    wan_congestion_control: str = Field(
+    wan_congestion_control: Literal["cubic", "bbr", "reno"] = Field(
         "cubic", description="The hosts' TCP congestion control: how a loss cuts a window."
     )
     kv_pool_reuse_s: float = Field(

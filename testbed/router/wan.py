@@ -108,8 +108,8 @@ class _Idle:
     room: int  # the transfer that returned it
     window: Congestion  # its congestion state: the Done frame's, then the sender's log's
     since: float
+    rank: float  # the window decode's pool ranks it by (its Window frame's)
     conn: str | None = None  # which connection: its decode end, as the sender's log names it
-    rank: float = 0.0  # the window decode's pool ranks it by (its Window frame's)
 
 
 @dataclass
@@ -140,7 +140,7 @@ class WanLine:
         self.loss = loss
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
         self.queue = queue_bytes  # the bottleneck's, beyond the pipe
-        self.response = RESPONSES.get(congestion, RESPONSES["cubic"])
+        self.response = RESPONSES[congestion]  # strict: the config names one of them
         self.achieved = RecentMedian(self.rate, samples, cap=self.rate)
         self.round_trip = RecentMedian(self.rtt, samples, prior=3)  # one outlier is not it
         self.framing = RecentMedian(1.0, samples)  # wire bytes per KV byte (frame headers)
@@ -243,7 +243,7 @@ class WanLine:
             for o, later in zip(self.outstanding.values(), at_checkout, strict=True)
             if o.promised_to is None and later.left <= 1e-6
         ]
-        best_idle = max(self.pool, key=lambda c: (c.rank or c.window.cwnd, c.since), default=None)
+        best_idle = max(self.pool, key=lambda c: (c.rank, c.since), default=None)
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         grown = best_freed and self._grown(best_freed.window, best_freed.bytes)
         if grown and (best_idle is None or grown.cwnd > best_idle.window.cwnd):
@@ -318,7 +318,7 @@ class WanLine:
         taker = self.outstanding.get(item.promised_to) if item.promised_to is not None else None
         if taker is None or record.end > taker.started + self.lead_s:
             window, conn, rank = self.ended.pop(room, (window, None, window.cwnd))
-            self._returned(_Idle(room, window, self._as_of, conn, rank))
+            self._returned(_Idle(room, window, self._as_of, rank, conn))
         self._forget_ended()
         first, end = record.wire_end - record.seconds, record.wire_end
         shared = any(f < end and first < e for f, e in self.recent) or any(

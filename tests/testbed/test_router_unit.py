@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 import httpx
 import pytest
 
-from testbed.router.policies import Loads
+from protocol.names import Pipeline
+from protocol.records import RequestRecord
+from testbed.router.app import Router
+from testbed.router.policies import Loads, Route
 from tests.testbed.router_process import colocated_config, free_port, running_router
 
 
@@ -40,3 +44,27 @@ def test_loads_learn_a_decoders_interval_from_requests_it_decoded_alone():
     assert loads.itl["md"] == pytest.approx(0.05)
     loads.learn_itl("md", [0.0, 0.15, 0.30, 0.45], switched=False)  # decays towards 0.15
     assert loads.itl["md"] == pytest.approx(0.05 + Loads.ITL_WEIGHT * 0.10)
+
+
+def test_a_records_late_prefill_answer_is_awaited_never_cut(tmp_path):
+    """Relay decode may end the client's stream long before P answers (P answers once
+    its WAN leg to main decode has ended). The record waits for that answer however long
+    the leg takes: cancelling it would close P's connection and P would abort the leg.
+    Here a stand-in for P's call answers 0.3 s late with its prefix hit."""
+    router = Router(colocated_config(tmp_path, {"s": free_port()}))
+    record = RequestRecord(request_id="r1", system="colocated", endpoint="/generate")
+    route = Route(Pipeline.COLOCATED, "test", router.config.servers[0])
+
+    async def late_answer():
+        await asyncio.sleep(0.3)
+        record.cached_tokens_prefill = 7
+
+    async def main():
+        answer = asyncio.create_task(late_answer())
+        await router._write(route, record, after=answer)
+        return answer
+
+    answer = asyncio.run(main())
+    assert answer.done() and not answer.cancelled()
+    written = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
+    assert written["cached_tokens_prefill"] == 7

@@ -6,6 +6,7 @@ test_wan_pool.py."""
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
 from testbed.router.config import PddConfig
 from testbed.router.policies import wan_line
@@ -19,6 +20,7 @@ from testbed.router.tcp_model import (
 )
 from testbed.router.wan import WanLine
 from tests.testbed.wan_line import MB, Clock, alone, sent, settled
+from topologies.link import CONGESTION_CONTROLS
 
 
 def test_slow_start_costs_round_trips_until_the_window_fills_the_pipe():
@@ -305,6 +307,10 @@ def test_a_loss_costs_what_the_bottleneck_queue_does_not_cover():
     line = wan_line(pdd)  # the scenario's congestion control and queue reach the line
     assert line.response == RESPONSES["bbr"] and line.queue == 1_500_000
     assert wan_line(PddConfig()).queue == float("inf")  # unknown: no overflow is predicted
+    # every congestion control a link may set has a loss response; a typo is an error
+    assert set(CONGESTION_CONTROLS) == set(RESPONSES)
+    with pytest.raises(ValidationError, match="wan_congestion_control"):
+        PddConfig(wan_congestion_control="cubik")
 
 
 def test_slow_starts_rounds_teach_the_round_trip_they_took():
