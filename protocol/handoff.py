@@ -10,6 +10,7 @@ import numpy as np
 from protocol.frames import frame_size
 
 FINAL = 0x01
+PARK_TIMEOUT_S = 120.0  # a parked request waits this long for its handoff
 
 
 @dataclass(frozen=True)

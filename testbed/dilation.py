@@ -109,6 +109,7 @@ def for_testbed(scenario, tiny_kv_bytes_per_token: int):
     pdd["rld_step_s"] *= k
     data["servers"]["kv_idle_timeout_s"] *= k
     data["servers"]["kv_late_leg_s"] *= k
+    data["servers"]["handoff_park_timeout_s"] *= k
     data["servers"]["kv_pool_reuse_s"] *= k
     data["servers"]["http_keep_alive_s"] *= k
     data["workload"]["rate_rps"] /= k  # an open loop's rate, in testbed time

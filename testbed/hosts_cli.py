@@ -16,6 +16,7 @@ from rich.table import Table
 
 from protocol.env import Env
 from protocol.frames import new_frame_key
+from protocol.handoff import PARK_TIMEOUT_S
 from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S
 from protocol.names import Role
 from testbed import model as model_mod
@@ -82,6 +83,9 @@ def serve(
     kv_pool_reuse: float = typer.Option(
         POOL_REUSE_S, help="Decode: reuse a pooled KV connection idle less than this."
     ),
+    handoff_park_timeout: float = typer.Option(
+        PARK_TIMEOUT_S, help="Main decode: end a request holding its KV but no handoff after."
+    ),
     frame_key_file: Path = typer.Option(
         None,
         help="The deployment's frame key (hex, as `testbed key` writes it): KV and handoff "
@@ -103,6 +107,7 @@ def serve(
         (Env.KV_IDLE_TIMEOUT_S, str(kv_idle_timeout)),
         (Env.KV_LATE_LEG_TIMEOUT_S, str(kv_late_leg)),
         (Env.KV_POOL_REUSE_TIMEOUT_S, str(kv_pool_reuse)),
+        (Env.HANDOFF_PARK_TIMEOUT_S, str(handoff_park_timeout)),
     ]
     if transfer_log is not None:
         transfer_log = transfer_log.resolve()

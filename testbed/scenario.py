@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from capacity.plan import PlanSpec
+from protocol.handoff import PARK_TIMEOUT_S
 from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S
 from protocol.names import Role
 from reports.cost import CostTable
@@ -88,6 +89,12 @@ class ServersSpec(BaseModel):
         description="Dual path: how long after relay decode's transfer request main "
         "decode's may come before prefill sends to relay decode only (dilated under "
         "emulation, as the idle timeout is).",
+    )
+    handoff_park_timeout_s: float = Field(
+        PARK_TIMEOUT_S,
+        gt=0,
+        description="Main decode ends a request that holds its KV but got no handoff for "
+        "this long (dilated under emulation).",
     )
     kv_pool_reuse_s: float = Field(
         POOL_REUSE_S,

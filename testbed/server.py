@@ -279,6 +279,7 @@ def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_k
         (Env.KV_IDLE_TIMEOUT_S, str(cfg.kv_idle_timeout_s)),
         (Env.KV_LATE_LEG_TIMEOUT_S, str(cfg.kv_late_leg_s)),
         (Env.KV_POOL_REUSE_TIMEOUT_S, str(cfg.kv_pool_reuse_s)),
+        (Env.HANDOFF_PARK_TIMEOUT_S, str(cfg.handoff_park_timeout_s)),
         (Env.HTTP_KEEP_ALIVE_S, str(math.ceil(cfg.http_keep_alive_s))),
     ]
     if cfg.kv_pacing:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import select
 import socket
 import threading
 import time
@@ -35,13 +36,14 @@ from protocol.frames import (
     recv_frame,
     send_frame,
 )
-from protocol.handoff import Extended, Handoff, Ready
+from protocol.handoff import PARK_TIMEOUT_S, Extended, Handoff, Ready
 from protocol.records import HandoffRecord, JsonlWriter
 from protocol.rooms import PARK_PREFIX
 from protocol.tcp import configure_socket
 
 MAX_CONNECTIONS = 512  # open router channels (one per relayed request in flight)
 FROM_ROUTER = {MsgType.WATCH, MsgType.HANDOFF, MsgType.RELEASE}
+QUIET_MARGIN_S = 30.0  # a router may be silent a park timeout and this, no KV on its way
 
 logger = logging.getLogger("pdd.handoff")
 
@@ -63,7 +65,7 @@ class HandoffService:
         self.watchers: dict[int, socket.socket] = {}  # WATCH came before the KV
         self.early: dict[int, list] = {}  # HANDOFFs that came before the KV (applied in order)
         self.commands: queue.Queue = queue.Queue()
-        self.park_timeout = float(os.environ.get(Env.HANDOFF_PARK_TIMEOUT_S, "120"))
+        self.park_timeout = float(os.environ.get(Env.HANDOFF_PARK_TIMEOUT_S, PARK_TIMEOUT_S))
         self.log = JsonlWriter(os.environ.get(Env.KV_TRANSFER_LOG))  # beside the transfers
         host = getattr(scheduler.server_args, "host", "0.0.0.0")
         self.listener = socket.create_server((host, port), backlog=128)
@@ -84,9 +86,7 @@ class HandoffService:
                 conn.close()
                 continue
             configure_socket(conn, 30.0)
-            # A router's channel is quiet between WATCH and HANDOFF, never longer than
-            # a parked request may wait; a peer silent past that is gone.
-            conn.settimeout(self.park_timeout + 30)
+            conn.settimeout(self.park_timeout + QUIET_MARGIN_S)  # within a frame
             threading.Thread(target=self._read, args=(conn,), daemon=True).start()
 
     def _read(self, conn: socket.socket) -> None:
@@ -95,6 +95,7 @@ class HandoffService:
             if self.tls is not None:  # servers.tls: the handshake, on this thread
                 conn = self.tls.wrap_socket(conn, server_side=True)
             while True:
+                self._next_frame(conn, rooms)
                 kind, room, body = recv_frame(conn)
                 if kind not in FROM_ROUTER:
                     raise ProtocolError(f"{kind.name} is not a message a router sends")
@@ -113,6 +114,20 @@ class HandoffService:
                 self.commands.put((None, MsgType.RELEASE, room, gone, clock.now()))
             conn.close()
             self.connections.release()
+
+    def _next_frame(self, conn, rooms: set[int]) -> None:
+        """Wait for the router's next frame. Its channel is quiet while a room's KV is on
+        its way, however long that takes (hetero run 20261205-002307: 166 s for one
+        dual-path leg behind others; a fixed read timeout closed the channel and the
+        room was released), and then at most a park timeout until the handoff. A peer
+        silent past that with no KV on its way is gone (keepalive ends a dead one)."""
+        quiet = self.park_timeout + QUIET_MARGIN_S
+        since = time.monotonic()
+        while not _readable(conn, min(quiet, 5.0)):
+            if any(r in self.watchers or r in self.early for r in rooms):
+                since = time.monotonic()  # the KV is on its way
+            elif time.monotonic() - since > quiet:
+                raise TimeoutError(f"the router was silent for {quiet:.0f} s")
 
     # -- scheduler thread ---------------------------------------------------------------
     def park(self, reqs: list) -> list:
@@ -236,6 +251,14 @@ class HandoffService:
             return
         parked.req.to_finish = FINISH_ABORT(f"PDD handoff: {reason}")
         self.scheduler.waiting_queue.append(parked.req)
+
+
+def _readable(conn: socket.socket, timeout_s: float) -> bool:
+    if getattr(conn, "pending", None) is not None and conn.pending():
+        return True  # TLS: a record already decrypted
+    poller = select.poll()
+    poller.register(conn, select.POLLIN)
+    return bool(poller.poll(timeout_s * 1000))
 
 
 def _reply(conn: socket.socket | None, kind: MsgType, room: int, body: bytes) -> None:

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import socket
+import time
+from types import SimpleNamespace
 
 from engine_patches import drc_align
+from engine_patches.handoff import md
 from engine_patches.handoff.register import TARGETS
-from protocol.frames import HEADER
+from protocol.env import Env
+from protocol.frames import HEADER, MsgType, send_frame
 from protocol.handoff import Extended, Handoff, Ready
 from protocol.rooms import is_dual_path, legs_expected, new_room
 
@@ -60,3 +65,40 @@ def test_the_final_extend_predicts_only_a_token_that_cannot_end_the_request():
     assert not predicts_safely(req(1, 7), new_tokens=5)  # the prediction would be the last
     assert not predicts_safely(req(1, 100, ignore_eos=False), new_tokens=5)  # EOS could end it
     assert not predicts_safely(req(1, 100, stop_strs=["\n"]), new_tokens=5)
+
+
+def test_a_router_channel_stays_open_while_its_rooms_kv_is_on_the_way(monkeypatch):
+    """Main decode's handoff listener, without SGLang: the commands it queues for the
+    scheduler are run here by ``tick``. A router is silent on its channel from WATCH
+    until the KV is held, however long the WAN takes (a dilated hetero leg took 166 s,
+    and a fixed read timeout closed the channel and released the room); with no KV on
+    its way, a silent router is gone after a park timeout and a margin."""
+    monkeypatch.setenv(Env.HANDOFF_PARK_TIMEOUT_S, "0.1")
+    monkeypatch.setattr(md, "QUIET_MARGIN_S", 0.2)
+    scheduler = SimpleNamespace(server_args=SimpleNamespace(host="127.0.0.1"))
+    service = md.HandoffService(scheduler, 0)
+    port = service.listener.getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as router:
+        send_frame(router, MsgType.WATCH, 7)
+        _until(lambda: not service.commands.empty())
+        service.tick()  # WATCH before the KV: the room is watched
+        assert 7 in service.watchers
+        time.sleep(1.0)  # 3x the quiet limit, the KV still on its way
+        send_frame(router, MsgType.RELEASE, 7, b"done")
+        _until(lambda: not service.commands.empty())
+        conn, kind, room, body, _ = service.commands.get_nowait()
+        assert (kind, room, body) == (MsgType.RELEASE, 7, b"done")  # read, not "closed"
+        service._command(conn, kind, room, body, 0.0)
+        assert 7 not in service.watchers
+        router.settimeout(5)
+        started = time.monotonic()
+        assert router.recv(1) == b""  # nothing on its way now: closed once quiet
+        assert time.monotonic() - started < 4
+    service.listener.close()
+
+
+def _until(check, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
