@@ -313,6 +313,7 @@ class Deployment:
             update={
                 "wan_rate_mbit": wan.rate_mbit,
                 "wan_one_way_s": wan.delay_ms / 1000,
+                "wan_jitter_s": wan.jitter_ms / 1000,
                 "wan_loss_pct": wan.loss_pct,
                 "wan_queue_bytes": wan.queue_packets * wan.mtu,
                 "wan_congestion_control": wan.congestion_control,

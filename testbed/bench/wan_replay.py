@@ -61,15 +61,16 @@ class NoWanModel(ValueError):
 
 def _with_line(config: dict, run_dir: Path) -> dict:
     """A router config from before the line knew its bottleneck queue
-    (``wan_queue_bytes``) or congestion control gets the run's, from its scenario, as a
-    router now would."""
+    (``wan_queue_bytes``), congestion control or jitter gets the run's, from its
+    scenario, as a router now would."""
     pdd, scenario = config.get("pdd"), run_dir / "scenario.json"
-    if pdd is None or "wan_congestion_control" in pdd or not scenario.exists():
+    if pdd is None or "wan_jitter_s" in pdd or not scenario.exists():
         return config
     wan = json.loads(scenario.read_text())["network"]["wan"]
     known = {
         "wan_queue_bytes": wan["queue_packets"] * wan["mtu"],
         "wan_congestion_control": wan.get("congestion_control") or "cubic",
+        "wan_jitter_s": wan.get("jitter_ms", 0.0) / 1000,
     }
     return {**config, "pdd": {**known, **pdd}}
 

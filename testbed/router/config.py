@@ -43,6 +43,7 @@ class PddConfig(BaseModel):
     wan_rate_mbit: float = Field(100.0, gt=0, description="WAN rate the router plans with.")
     kv_bytes_per_token: int = Field(8192, gt=0, description="KV bytes per token (the model's).")
     wan_one_way_s: float = Field(0.0, ge=0, description="WAN one-way delay the router plans with.")
+    wan_jitter_s: float = Field(0.0, ge=0, description="WAN jitter (±) the router plans with.")
     wan_loss_pct: float = Field(
         0.0, ge=0, lt=100, description="WAN loss the router plans with (bounds one flow's rate)."
     )

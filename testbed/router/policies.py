@@ -199,6 +199,7 @@ def wan_line(pdd: PddConfig, clock: Callable[[], float] = clock_now) -> WanLine:
         pool_reuse_s=pdd.kv_pool_reuse_s,
         queue_bytes=pdd.wan_queue_bytes or float("inf"),
         congestion=pdd.wan_congestion_control,
+        jitter_s=pdd.wan_jitter_s,
     )
 
 

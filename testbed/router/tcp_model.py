@@ -84,6 +84,20 @@ def flow(
     return Flow(extra, Congestion(window, ssthresh))
 
 
+def jitter_spread_s(nbytes: float, rate: float, jitter: float) -> float:
+    """How much later a transfer's last byte arrives than its first on a delay line
+    that adds a uniform ``± jitter`` to each packet but keeps their order (delayd: a
+    packet leaves no earlier than the one before it). The first byte's draw averages
+    0; the last leaves with the latest of the draws of the packets sent within the
+    ``2 jitter`` before it: of ``n`` draws, ``jitter (n - 1) / (n + 1)`` on average.
+    On hetero's dilated line (0.5 ms x 235) nearly the whole jitter, 117 ms, on every
+    transfer past a few packets; on default's (1 ms), at most 1 ms."""
+    if jitter <= 0 or nbytes <= 0:
+        return 0.0
+    n = max(1.0, min(nbytes, 2 * jitter * rate) / MSS)
+    return jitter * (n - 1) / (n + 1)
+
+
 def slow_start_s(
     nbytes: float,
     rate: float,

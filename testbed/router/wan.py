@@ -51,16 +51,15 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
   beyond the pipe and the bottleneck queue cut the same way; round by round
   (:func:`~testbed.router.tcp_model.flow`), so a loss costs what the window then falls
   short of the pipe. On default (0.1%, CUBIC) that keeps a long flow's window at a
-  quarter of the pipe, as its senders reported; a per-loss cost learned from lossy
-  transfers (before) could not tell a loss at a small window from one at a large one.
-  A transfer past its loss-free run drains the line no faster than that flow alone.
+  quarter of the pipe, as its senders reported. A transfer past its loss-free run
+  drains the line no faster than that flow alone.
+- The line's jitter: an order-keeping delay line delays the last byte about that much
+  more than the first (:func:`~testbed.router.tcp_model.jitter_spread_s`; hetero).
 
 Slow start's rounds take ``round_trip``: the configured one until lone loss-free
 transfers that had rounds to take teach it (the round trip that explains each; on
-default 21.5-22.5 ms on a 20 ms line: delayed acks, the queue behind other traffic).
-Their pipe is the configured rate's (counted against the goodput, a low estimate
-shrank the pipe, explained less, and fell further). A flow sharing the line ramps up
-only to its share: its window holds it back while below the share's pipe.
+default 21.5-22.5 ms on a 20 ms line), with the configured rate's pipe. A flow sharing
+the line ramps up only to its share: its window holds it back while below its pipe.
 
 Bytes are the wire's (``framing``: frame headers per KV byte, learned). The rest (the
 receiver's work, what the model misses) is in the goodput: the median rate of the
@@ -87,6 +86,7 @@ from testbed.router.tcp_model import (
     RecentMedian,
     fit_round_trip,
     flow,
+    jitter_spread_s,
 )
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
@@ -133,8 +133,9 @@ class WanLine:
         pool_reuse_s: float = POOL_REUSE_S,
         queue_bytes: float = float("inf"),
         congestion: str = "reno",
+        jitter_s: float = 0.0,
     ) -> None:
-        self.rtt = 2 * one_way_s
+        self.rtt, self.jitter = 2 * one_way_s, jitter_s
         self.pool_reuse_s = pool_reuse_s  # decode servers' (servers.kv_pool_reuse_s)
         self.rate = float(rate_bytes_s)  # the line as configured
         self.loss = loss
@@ -279,7 +280,8 @@ class WanLine:
         line_s = (own_bytes + shared) / self.goodput
         # its window against the pipe at the rate it gets (its share)
         share = self.rate * own_bytes / (own_bytes + shared)
-        return self._flow(own_bytes, share, self._window(now)).extra_s + line_s
+        spread = jitter_spread_s(own_bytes, share, self.jitter)
+        return self._flow(own_bytes, share, self._window(now)).extra_s + line_s + spread
 
     def predict(self, own_bytes: int) -> WanPrediction:
         queued = self.backlog()
@@ -343,6 +345,7 @@ class WanLine:
         if max(resent, record.retransmits):
             return
         x = record.wire_bytes
+        seconds = record.seconds - jitter_spread_s(x, self.rate, self.jitter)
         if record.cwnd_bytes:  # the sender's measured window where it said
             window = Congestion.reported(record.cwnd_bytes, record.ssthresh_bytes)
         if 0 < record.cwnd_bytes <= INITIAL_WINDOW:  # a new connection's first rounds
@@ -352,21 +355,18 @@ class WanLine:
             # slow start had rounds to take from the window its sender measured: the
             # transfer teaches their round trip
             line_s = x / self.goodput
-            fit = fit_round_trip(
-                x, record.seconds, line_s, self.rate, self.rtt, window, self.response
-            )
+            fit = fit_round_trip(x, seconds, line_s, self.rate, self.rtt, window, self.response)
             if fit is not None:
                 self.round_trip.add(fit)
             return
-        if record.seconds > extra:
-            self.achieved.add(x / (record.seconds - extra))
+        if seconds > extra:
+            self.achieved.add(x / (seconds - extra))
 
     def sender_end(self, room: int, record: TransferRecord) -> None:
         """The sender's log line for ``room``, written after decode's Ack: its final
-        retransmission count (the receiver's, from the Done frame, misses the last
-        windows' losses: hetero run 111130, 0 against 163), with which a lone transfer
-        is learned, and the window its connection ended with (decode has it too, from
-        the Window frame)."""
+        retransmission count (the Done frame's misses the last windows' losses), with
+        which a lone transfer is learned, and the window its connection ended with
+        (decode has it too, from the Window frame)."""
         pending = self.unlearned.pop(room, None)
         if pending is not None:
             self._learn(*pending, record.retransmits)
@@ -386,8 +386,7 @@ class WanLine:
 
     def _returned(self, idle: _Idle) -> None:
         """``idle`` is back in the pool: an entry the model still holds for the same
-        connection is a ghost of a wrong guess, and goes (without, on hetero run L the
-        model held 19 connections where decode had three)."""
+        connection is a ghost of a wrong guess, and goes."""
         if idle not in self.pool:
             self.pool.append(idle)
         if idle.conn is not None:

@@ -16,6 +16,7 @@ from testbed.router.tcp_model import (
     Congestion,
     fit_round_trip,
     flow,
+    jitter_spread_s,
     slow_start_s,
 )
 from testbed.router.wan import WanLine
@@ -357,3 +358,25 @@ def test_the_line_predicts_the_wires_bytes_frame_headers_included():
     window = line._window(clock.now)
     expected = window.extra_s(kv * 1.01, rate, rtt) + kv * 1.01 / line.goodput
     assert line.predict(kv).seconds == pytest.approx(expected, rel=1e-6)
+
+
+def test_an_order_keeping_jittered_line_delays_a_transfers_last_byte_by_about_its_jitter():
+    """delayd adds ± jitter to each packet but keeps their order: the first byte's draw
+    averages 0, the last leaves with the latest draw of those sent within 2 x jitter
+    before it. On hetero's dilated line (0.5 ms x 235) that is nearly the whole jitter;
+    a lone transfer measured at its bytes' time plus that teaches the configured rate,
+    and the prediction carries it."""
+    rate, jitter = 0.8 * MB, 0.1175
+    assert jitter_spread_s(0.14 * MB, rate, 0.0) == 0.0
+    assert jitter_spread_s(1000, rate, jitter) == 0.0  # one packet: the first is the last
+    many = jitter_spread_s(0.14 * MB, rate, jitter)  # about 97 packets within 2 x jitter
+    assert 0.97 * jitter < many < jitter
+    assert jitter_spread_s(10 * MB, rate, jitter) > many  # more packets: a later maximum
+    clock = Clock()
+    line = WanLine(rate_bytes_s=rate, one_way_s=1.175, clock=clock, jitter_s=jitter)
+    full = {"cwnd_bytes": 4 * MB}  # no round to take
+    nbytes = int(0.3 * MB)
+    spread = jitter_spread_s(nbytes, rate, jitter)
+    alone(line, clock, 1, nbytes, nbytes / rate + spread, **full)
+    assert line.goodput == pytest.approx(rate)  # not the 0.57 MB/s it seems without
+    assert line.predict(nbytes).seconds == pytest.approx(nbytes / rate + spread, rel=1e-3)

@@ -147,16 +147,17 @@ def test_a_run_without_wan_predictions_is_refused_with_a_reason(tmp_path):
 
 def test_a_run_from_before_the_line_knew_its_queue_is_replayed_with_its_scenarios(tmp_path):
     """Routers before ``wan_queue_bytes`` stored no queue (nor, later, a congestion
-    control): the replay takes the run's from its scenario (queue_packets x MTU), as a
+    control or jitter): the replay takes the run's from its scenario (queue_packets x MTU), as a
     router now would; one stored wins."""
     from testbed.bench.wan_replay import _with_line
 
-    wan = {"queue_packets": 1000, "mtu": 1500, "congestion_control": "reno"}
+    wan = {"queue_packets": 1000, "mtu": 1500, "congestion_control": "reno", "jitter_ms": 2.0}
     (tmp_path / "scenario.json").write_text(json.dumps({"network": {"wan": wan}}))
     old = {"system": "pdd", "pdd": {"wan_rate_mbit": 100.0}}
     filled = _with_line(old, tmp_path)["pdd"]
     assert filled["wan_queue_bytes"] == 1_500_000 and filled["wan_congestion_control"] == "reno"
-    new = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000, "wan_congestion_control": "bbr"}}
+    assert filled["wan_jitter_s"] == 0.002
+    new = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000, "wan_jitter_s": 0.0}}
     assert _with_line(new, tmp_path) == new
     stored_queue = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000}}
     assert _with_line(stored_queue, tmp_path)["pdd"]["wan_queue_bytes"] == 3000
