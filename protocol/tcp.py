@@ -21,6 +21,11 @@ from protocol import clock
 # struct tcp_info (linux/tcp.h) through tcpi_min_rtt: eight u8s, 24 u32s up to
 # tcpi_total_retrans, four u64s (pacing rates, bytes acked and received), four u32s.
 _TCP_INFO = struct.Struct("8B24I4Q4I")
+# ... then data segments in and out, the delivery rate, and the times (us) the kernel
+# had data to send: busy (sending), held back by the receiver's window, by the send
+# buffer (Linux 4.10+). Time with nothing queued (the application slower than the wire)
+# is in none of them.
+_TCP_CHRONO = struct.Struct("8B24I4Q4I2I4Q")
 _NO_SSTHRESH = 0x7FFFFFFF  # TCP_INFINITE_SSTHRESH: slow start has not ended yet
 _LAST_DATA_SENT, _LAST_ACK_RECV, _MIN_RTT = 8 + 9, 8 + 12, -1  # indices into it
 
@@ -37,6 +42,26 @@ def _info(sock: socket.socket) -> tuple | None:
     except OSError:
         return None
     return _TCP_INFO.unpack(raw) if len(raw) >= _TCP_INFO.size else None
+
+
+class Chrono(NamedTuple):
+    busy_s: float = 0.0
+    rwnd_limited_s: float = 0.0
+    sndbuf_limited_s: float = 0.0
+
+    def since(self, start: Chrono) -> Chrono:
+        return Chrono(*(a - b for a, b in zip(self, start, strict=True)))
+
+
+def chrono(sock: socket.socket) -> Chrono:
+    """Where a sender's time went so far (all 0 where the kernel does not say)."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_CHRONO.size)
+    except OSError:
+        return Chrono()
+    if len(raw) < _TCP_CHRONO.size:
+        return Chrono()
+    return Chrono(*(us / 1e6 for us in _TCP_CHRONO.unpack(raw)[-3:]))
 
 
 def idle_since(sock: socket.socket) -> float | None:

@@ -46,7 +46,7 @@ from protocol.frames import (
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
-from protocol.tcp import idle_since, settled_state, tcp_state
+from protocol.tcp import Chrono, chrono, idle_since, settled_state, tcp_state
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -68,6 +68,7 @@ class _Leg:
         self.record: TransferRecord | None = None
         self.skip = 0  # leading pages of the send stream this destination already holds
         self._retransmitted = 0  # the connection's retransmissions before this transfer
+        self._chrono = Chrono()  # the connection's sending times before this transfer
 
     @property
     def request(self):
@@ -212,7 +213,7 @@ class _Leg:
                 self.record.first_byte = clock.now()
                 tcp = tcp_state(conn)
                 self.record.cwnd_bytes, self.record.ssthresh_bytes = tcp[:2]
-                self._retransmitted = tcp.retransmits
+                self._retransmitted, self._chrono = tcp.retransmits, chrono(conn)
             header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
             self.record.wire_bytes += send_frame(
                 conn, MsgType.KV_CHUNK, self.sender.room, header, *payload
@@ -226,6 +227,9 @@ class _Leg:
         tcp = tcp_state(conn)
         self.record.cwnd_end_bytes, self.record.ssthresh_end_bytes = tcp[:2]
         self.record.retransmits = tcp.retransmits - self._retransmitted
+        if self.record.first_byte is not None:
+            spent = chrono(conn).since(self._chrono)
+            self.record.busy_s, self.record.rwnd_limited_s, self.record.sndbuf_limited_s = spent
 
     def _finish_record(self, status: str, reason: str | None, write: bool = True) -> None:
         record = self.record

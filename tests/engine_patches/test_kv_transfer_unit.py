@@ -13,7 +13,7 @@ from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol.env import Env
 from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame
 from protocol.kv import Done, KvChunkHeader, TransferRequest
-from protocol.tcp import settled_state, tcp_state
+from protocol.tcp import Chrono, chrono, settled_state, tcp_state
 
 
 def test_transfer_request_round_trip():
@@ -88,6 +88,36 @@ def test_a_transfers_end_window_is_read_while_the_connection_idles_not_under_new
         peer.close()
     a, b = socket.socketpair()
     assert settled_state(a, within_s=0.05) == (0, 0, 0)  # not TCP: nothing, and no error
+    a.close()
+    b.close()
+
+
+def test_chrono_says_when_a_sender_was_held_back_by_the_receivers_window():
+    """A receiver that reads slowly (its window full) holds the sender back: the kernel's
+    rwnd-limited time grows, and the transfer's share of it is the difference of two
+    readings. A socket that is not TCP says nothing rather than fail."""
+    import threading
+    import time
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+        start = chrono(client)
+        sending = threading.Thread(target=lambda: client.sendall(b"x" * (4 << 20)))
+        sending.start()
+        time.sleep(0.5)  # nobody reads: the receiver's window closes
+        got = 0
+        while got < 4 << 20:
+            got += len(peer.recv(1 << 20))
+        sending.join()
+        spent = chrono(client).since(start)
+        assert spent.rwnd_limited_s > 0.3
+        assert spent.busy_s >= 0 and spent.sndbuf_limited_s >= 0
+        client.close()
+        peer.close()
+    a, b = socket.socketpair()
+    assert chrono(a) == Chrono()
     a.close()
     b.close()
 
