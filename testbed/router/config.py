@@ -117,9 +117,9 @@ class PddConfig(BaseModel):
         description="Relay decode stops at the latest once main decode has decoded this many "
         "tokens after the handoff, in time or not (relay decode is a stage: it frees its "
         "slot); the client's wait for a slower main decode is then spread over the queued "
-        "tokens. Unless that wait, spread, would be over twice the paced interval and relay "
-        "decode ends the request before main decode has the client's next token: relay "
-        "decode then finishes it.",
+        "tokens. Unless that wait, spread, would be over twice the paced interval: the stop "
+        "then waits until it would not (the paced client lets main decode catch up, or the "
+        "queue grow), or relay decode ends the request.",
     )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."

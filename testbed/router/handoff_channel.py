@@ -4,11 +4,18 @@ Lifecycle: ``watch`` connects and sends WATCH → MD answers READY once it holds
 prompt's KV (the request is parked there) → ``handoff`` sends token-id batches, each
 answered by EXTENDED (``extended``) → the final batch hands the request over →
 ``close``; closing before the final batch releases MD's parked request.
+
+Each batch is an extend pass on MD that pauses its whole decode batch, so the channel
+counts its batches MD has not yet extended in ``extending`` (per main decode, shared by
+the router's channels): the switch of another room does not stop relay decode while
+MD is about to pause. A batch counts until EXTENDED (catch-up), until its room's stream
+shows MD decoding past it (``extend_seen``: the final batch), or until ``close``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 from protocol import tls
 from protocol.frames import MsgType, read_frame, write_frame
@@ -20,11 +27,16 @@ class HandoffError(RuntimeError):
 
 
 class HandoffChannel:
-    def __init__(self, host: str, port: int, room: int) -> None:
+    def __init__(
+        self, host: str, port: int, room: int, extending: Counter | None = None, md: str = ""
+    ) -> None:
         self.host, self.port, self.room = host, port, room
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
         self.bytes_sent = 0
+        self.extending = Counter() if extending is None else extending
+        self.md = md  # main decode's name, the key in ``extending``
+        self.pending = 0  # this room's batches MD has not extended yet
 
     async def watch(self) -> Ready:
         """Connect, WATCH, and wait until MD holds the prompt's KV."""
@@ -37,10 +49,21 @@ class HandoffChannel:
 
     async def handoff(self, tokens: list[int], final: bool) -> int:
         """Send one handoff batch; returns its bytes on the wire."""
+        self._count(1)
         return await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
 
     async def extended(self) -> Extended:
-        return Extended.decode(await self._expect(MsgType.EXTENDED))
+        answer = Extended.decode(await self._expect(MsgType.EXTENDED))
+        self._count(-1)
+        return answer
+
+    def extend_seen(self) -> None:
+        """MD's stream shows it decoding past every batch sent (the final one included)."""
+        self._count(-self.pending)
+
+    def _count(self, n: int) -> None:
+        self.pending += n
+        self.extending[self.md] += n
 
     async def _send(self, kind: MsgType, body: bytes) -> int:
         sent = await write_frame(self.writer, kind, self.room, body)
@@ -54,5 +77,6 @@ class HandoffChannel:
         return body
 
     def close(self) -> None:
+        self.extend_seen()
         if self.writer is not None:
             self.writer.close()

@@ -45,6 +45,9 @@ class Loads:
         self.in_flight: Counter[str] = Counter()
         self.down: dict[str, str] = {}
         self.itl: dict[str, float] = {}  # server → seconds between tokens
+        # main decode → handoff batches sent there and not yet extended (each pauses its
+        # decode batch for an extend pass); kept by the rooms' handoff channels
+        self.extending: Counter[str] = Counter()
 
     def learn_itl(self, server: str | None, token_times: list[float], switched: bool) -> None:
         """A finished request's median gap, for the server that decoded every token of it

@@ -95,7 +95,9 @@ class RelayedRequest:
             "bootstrap_room": record.room,
         }
         md_host, port = route.main_decode.host, pipeline.pdd.handoff_port
-        self.channel = HandoffChannel(md_host, port, record.room)
+        self.channel = HandoffChannel(
+            md_host, port, record.room, pipeline.loads.extending, route.main_decode.name
+        )
         self.drained: asyncio.Task | None = None  # main decode finishing apart
         self.relay_died = False  # MD took over from a relay decode that died
         self.ready: asyncio.Task | None = None

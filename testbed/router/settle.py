@@ -76,6 +76,7 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
             if chunk.error:
                 raise HandoffError(f"main decode: {chunk.error}")
             ids += chunk.new_ids(len(ids))
+            req.channel.extend_seen()
             if chunk.finished or chunk.done:
                 break
         if ids != tokens:

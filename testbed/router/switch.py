@@ -31,9 +31,15 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     been served what is queued;
     and at the latest once main decode has decoded ``switch_limit_tokens`` (relay
     decode is a stage and must free its slot), unless that stop would stall the client
-    (main decode's wait spread over the queued tokens over twice the paced interval)
-    while relay decode ends the request before main decode has the client's next token:
-    relay decode then finishes it. The tokens still queued after the stop
+    (main decode's wait spread over the queued tokens over twice the paced interval):
+    the stop then waits until it would not. That wait ends: the client is served at
+    most one token per paced interval, longer than main decode's, so either main decode
+    catches up with the client or the queue grows until the wait spread over it is
+    short (or relay decode ends the request). No stop while main decode is about to
+    pause for another room's extend (a handoff batch sent there and not yet extended,
+    ``Loads.extending``): its decode batch waits out that pass, which main decode's
+    pace cannot foresee (hetero run 004052: a stop "in time" met a 2.1 s extend, and
+    the client waited 2.9 s). The tokens still queued after the stop
     are spaced so that they last until main decode reaches them: the client's wait
     for a slower main decode is spread over them, not one stall. While relay decode
     will have decoded the whole request before main decode could take it over (see
@@ -60,7 +66,6 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     expected = max(itl, req.p.loads.itl.get(req.route.main_decode.name, 0.0))
     # main decode's pace since its first chunk (its chunks cross the WAN)
     md_pace = _Pace(span_s=2 * req.p.pdd.wan_one_way_s)
-    rld_pace = _Pace()  # relay decode's, from its chunks after the final handoff
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
     from_md = asyncio.ensure_future(anext(md_stream, None))
     last_sent, md_count = req.record.token_times[-1], 0
@@ -80,25 +85,25 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # the client waited a whole step of main decode's for the next, and any
             # stall in it: default run 023756 showed a 162 ms gap there, at an ITL of 45.
             settled = md_pace.tokens >= req.p.pdd.switch_settle_tokens
-            caught_up = not md_failed and settled and md_count > len(req.tokens)
+            pausing = _md_pauses(req)  # main decode is about to extend another room
+            caught_up = not md_failed and not pausing and settled and md_count > len(req.tokens)
             # or main decode, at its measured pace, has the token after all the router
             # holds before the client has been served the queue and one interval more
             in_time = (
                 not md_failed
+                and not pausing
                 and known
                 and md_pace.seconds_for(have + 1 - md_count) <= (have - len(req.tokens) + 1) * pace
             )
             # or at the latest at the limit, unless the stop would stall the client (main
-            # decode's wait, spread over the queued tokens, over twice the paced interval)
-            # and relay decode ends the request first anyway (hetero run 084227: relay
-            # decode ran unpaced, sure to end first, then slowed as its batch grew; main
-            # decode was 20-30 tokens behind the client at the limit, and the stop stalled
-            # the client 5.8 and 7.9 s, 5 and 16 tokens before the end)
+            # decode's wait, spread over the queued tokens, over twice the paced interval;
+            # hetero run 084227 stalled 5.8 and 7.9 s at the limit, run 004052 0.9 s with
+            # main decode, faster than relay decode, 5 tokens behind across the WAN)
             limit = not md_failed and md_pace.tokens >= req.p.pdd.switch_limit_tokens
             if limit and rld_open:
                 wait = md_pace.seconds_until(have + 1 - md_count)
                 stall = (clock.now() - last_sent + wait) / (len(queue) + 1) > 2 * pace
-                limit = not (stall and wait > _rld_seconds_left(req, have, itl, rld_pace))
+                limit = not (stall or pausing)
             if (caught_up or in_time or limit) and rld_open:  # relay decode stops
                 from_rld.cancel()
                 close_rld()
@@ -148,7 +153,6 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                     rld_open = False
                     req.record.decode_server = req.route.main_decode.name
                 else:
-                    rld_pace.add(int(chunk.meta.get("completion_tokens", 0)))
                     have = _queue(queue, chunk, have)
                     req.record.eager_tokens = have
                     rld_finished = chunk.finished or chunk.done
@@ -162,6 +166,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                     md_open, md_failed = False, True
                     continue
                 req.check_echo(chunk)
+                req.channel.extend_seen()  # MD decodes past the final batch: extended
                 count = int(chunk.meta.get("completion_tokens", 0))
                 md_pace.add(count)
                 md_count = max(md_count, count)
@@ -268,11 +273,10 @@ def _relay_decode_ends_it(req, have: int, itl: float, expected: float, md_pace: 
     return left * itl * req.p.pdd.switch_pace < md_s
 
 
-def _rld_seconds_left(req, have: int, itl: float, rld_pace: _Pace) -> float:
-    """How long relay decode takes to decode the rest of the request (up to its
-    ``max_new_tokens``) at its recent pace (its interval at the handoff until measured)."""
-    left = max(0, max_new_tokens(req.body) - have)
-    return rld_pace.seconds_for(left) if rld_pace.tokens >= 2 else left * itl
+def _md_pauses(req) -> bool:
+    """Whether main decode has another room's handoff batch to extend (its decode batch,
+    this request in it, waits out that pass)."""
+    return req.p.loads.extending[req.route.main_decode.name] > req.channel.pending
 
 
 def _itl(token_times: list[float]) -> float:

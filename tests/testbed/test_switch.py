@@ -17,6 +17,7 @@ import pytest
 from protocol.names import RelayStop
 from protocol.stream import Chunk
 from testbed.router.config import PddConfig
+from testbed.router.handoff_channel import HandoffChannel
 from testbed.router.policies import Loads
 from testbed.router.switch import switch_streams
 
@@ -56,6 +57,9 @@ class Request:
         pdd = PddConfig(switch_pace=1.25, switch_tokens=4, switch_limit_tokens=8)
         self.p = SimpleNamespace(pdd=pdd, loads=Loads())
         self.route = SimpleNamespace(main_decode=SimpleNamespace(name="md"))
+        # unconnected: the switch only reads and settles its count of unextended batches
+        self.channel = HandoffChannel("md", 0, 1, self.p.loads.extending, "md")
+        self.channel._count(1)  # the final handoff batch, sent
         self.sent: list[float] = list(times)  # when the client got each token
         self.rld_closed = False
         self.closed_at: int | None = None  # tokens the client had when relay decode stopped
@@ -261,3 +265,53 @@ def test_main_decodes_pace_is_not_measured_from_a_burst_of_its_chunks():
     assert req.record.relay_stop_reason != RelayStop.IN_TIME
     assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
     assert req.longest_gap < 1.25 * 5 * 0.08
+
+
+def test_at_the_limit_relay_decode_streams_on_while_its_stop_would_stall_the_client():
+    """Main decode (0.06 s a token) is faster than relay decode (0.1 s) but starts ten
+    tokens behind and is seven behind the client at ``switch_limit_tokens`` (nothing
+    queued: relay decode is slower than the paced interval). Stopped there, the client
+    would wait about 0.45 s for one token (hetero run 004052: 0.9 s, main decode five
+    tokens behind across the WAN); relay decode streams on until main decode is close
+    enough for the wait, spread over the queued tokens, to stay short."""
+    req = Request(itl_s=0.1)
+    ended_on_rld = run(req, stream(EAGER + 1, 0.1), stream(EAGER - 10, 0.06))
+    assert not ended_on_rld and req.rld_closed and req.record.decode_server == "md"
+    assert req.tokens == [100 + i for i in range(TOTAL)]
+    # past the first gap (the stand-in's own two intervals): relay decode's steps, and
+    # once main decode is close enough, its wait spread at most 2 x the paced interval
+    # (1.25 x 0.06 s) a token; stopped at the limit, one gap of about 0.5 s
+    later = [b - a for a, b in zip(req.sent[EAGER:], req.sent[EAGER + 1 :], strict=False)]
+    assert max(later) < 0.25
+    assert req.record.handoff_s == pytest.approx(req.longest_gap, abs=0.02)
+
+
+def test_relay_decode_streams_on_while_main_decode_is_about_to_extend_another_room():
+    """Main decode catches up with the client at once, but another room's handoff batch
+    is on its way there (``Loads.extending``), and its extend pauses main decode's batch
+    for 0.5 s. Stopped once main decode held the client's next token, the client waited
+    out that pause (hetero run 004052: 2.9 s); relay decode serves the client until main
+    decode has extended the other room's batch, and the client never waits."""
+    req = Request(itl_s=0.05)
+    paused = [0.01] * 3 + [0.04] * 3 + [0.5, 0.02]  # a little ahead, then the pause
+
+    async def other_room():
+        req.p.loads.extending["md"] += 1  # its batch, sent to main decode
+        await asyncio.sleep(0.56)
+        req.p.loads.extending["md"] -= 1  # extended: its stream shows main decode past it
+
+    async def both():
+        other = asyncio.ensure_future(other_room())
+        await asyncio.sleep(0)
+        ended = await switch_streams(
+            req, stream(EAGER + 1, 0.05), req.close_rld, steps(EAGER - 2, paused)
+        )
+        await other
+        return ended
+
+    started = time.time()
+    assert not asyncio.run(both())
+    assert req.tokens == [100 + i for i in range(TOTAL)] and req.record.decode_server == "md"
+    assert req.record.relay_stopped - started > 0.5  # not before the other room's extend
+    assert req.longest_gap < 2.5 * 0.05
+    assert req.p.loads.extending["md"] == 0  # this room's own batch counted off as extended
