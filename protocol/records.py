@@ -151,9 +151,10 @@ class TransferRecord:
     # The sender's: the window its Window frame told decode, which decode's pool ranks
     # the connection by; its end window above is read later, once the kernel settled.
     told_cwnd_bytes: int = 0
-    # The sender's, from its first KV byte to the Done frame (protocol.tcp.chrono): the
-    # time the kernel was sending, held back by decode's receive window, or by the send
-    # buffer; the rest of that span it had nothing to send (prefill, the sender's thread).
+    # The sender's, from its first KV byte to decode's Ack (protocol.tcp.Chrono, read
+    # again once the Ack came): the time the kernel was sending, held back by decode's
+    # receive window, or by the send buffer; the rest of that span it had nothing to
+    # send (prefill, the sender's thread).
     busy_s: float = 0.0
     rwnd_limited_s: float = 0.0
     sndbuf_limited_s: float = 0.0

@@ -27,24 +27,12 @@ _TCP_INFO = struct.Struct("8B24I4Q4I")
 # is in none of them.
 _TCP_CHRONO = struct.Struct("8B24I4Q4I2I4Q")
 _NO_SSTHRESH = 0x7FFFFFFF  # TCP_INFINITE_SSTHRESH: slow start has not ended yet
-_LAST_DATA_SENT, _LAST_ACK_RECV, _MIN_RTT = 8 + 9, 8 + 12, -1  # indices into it
-
-
-class TcpState(NamedTuple):
-    cwnd_bytes: int = 0  # congestion window: snd_cwnd x snd_mss
-    ssthresh_bytes: int = 0  # slow start threshold; 0 while it has none (no loss yet)
-    retransmits: int = 0  # segments retransmitted over the connection's life
-
-
-def _info(sock: socket.socket) -> tuple | None:
-    try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO.size)
-    except OSError:
-        return None
-    return _TCP_INFO.unpack(raw) if len(raw) >= _TCP_INFO.size else None
+_LAST_DATA_SENT, _LAST_ACK_RECV, _MIN_RTT = 8 + 9, 8 + 12, 8 + 24 + 4 + 3  # indices into it
 
 
 class Chrono(NamedTuple):
+    """Where a sender's time went so far (see ``_TCP_CHRONO``)."""
+
     busy_s: float = 0.0
     rwnd_limited_s: float = 0.0
     sndbuf_limited_s: float = 0.0
@@ -53,15 +41,24 @@ class Chrono(NamedTuple):
         return Chrono(*(a - b for a, b in zip(self, start, strict=True)))
 
 
-def chrono(sock: socket.socket) -> Chrono:
-    """Where a sender's time went so far (all 0 where the kernel does not say)."""
+class TcpState(NamedTuple):
+    cwnd_bytes: int = 0  # congestion window: snd_cwnd x snd_mss
+    ssthresh_bytes: int = 0  # slow start threshold; 0 while it has none (no loss yet)
+    retransmits: int = 0  # segments retransmitted over the connection's life
+    chrono: Chrono = Chrono()  # all 0 where the kernel does not say
+
+
+def _info(sock: socket.socket) -> tuple | None:
+    """tcp_info through the chrono times where the kernel has them, else through
+    tcpi_min_rtt; None where it says nothing."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_CHRONO.size)
     except OSError:
-        return Chrono()
-    if len(raw) < _TCP_CHRONO.size:
-        return Chrono()
-    return Chrono(*(us / 1e6 for us in _TCP_CHRONO.unpack(raw)[-3:]))
+        return None
+    for layout in (_TCP_CHRONO, _TCP_INFO):
+        if len(raw) >= layout.size:
+            return layout.unpack(raw[: layout.size])
+    return None
 
 
 def idle_since(sock: socket.socket) -> float | None:
@@ -92,10 +89,11 @@ def tcp_state(sock: socket.socket) -> TcpState:
     info = _info(sock)
     if info is None:
         return TcpState()
+    times = Chrono(*(us / 1e6 for us in info[-3:])) if len(info) > _MIN_RTT + 1 else Chrono()
     info = info[8:]  # the u32 fields after eight u8s
     mss, ssthresh, cwnd, retransmits = info[2], info[17], info[18], info[23]
     ssthresh_bytes = 0 if ssthresh >= _NO_SSTHRESH else min(ssthresh * mss, 2**32 - 1)
-    return TcpState(min(cwnd * mss, 2**32 - 1), ssthresh_bytes, retransmits)
+    return TcpState(min(cwnd * mss, 2**32 - 1), ssthresh_bytes, retransmits, times)
 
 
 _CA_STATE, _UNACKED, _BYTES_ACKED = 1, 8 + 4, 8 + 24 + 2  # indices into tcp_info

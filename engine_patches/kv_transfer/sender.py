@@ -46,7 +46,7 @@ from protocol.frames import (
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
-from protocol.tcp import Chrono, chrono, idle_since, settled_state, tcp_state
+from protocol.tcp import Chrono, idle_since, settled_state, tcp_state
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -213,7 +213,7 @@ class _Leg:
                 self.record.first_byte = clock.now()
                 tcp = tcp_state(conn)
                 self.record.cwnd_bytes, self.record.ssthresh_bytes = tcp[:2]
-                self._retransmitted, self._chrono = tcp.retransmits, chrono(conn)
+                self._retransmitted, self._chrono = tcp.retransmits, tcp.chrono
             header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
             self.record.wire_bytes += send_frame(
                 conn, MsgType.KV_CHUNK, self.sender.room, header, *payload
@@ -228,7 +228,7 @@ class _Leg:
         self.record.cwnd_end_bytes, self.record.ssthresh_end_bytes = tcp[:2]
         self.record.retransmits = tcp.retransmits - self._retransmitted
         if self.record.first_byte is not None:
-            spent = chrono(conn).since(self._chrono)
+            spent = tcp.chrono.since(self._chrono)
             self.record.busy_s, self.record.rwnd_limited_s, self.record.sndbuf_limited_s = spent
 
     def _finish_record(self, status: str, reason: str | None, write: bool = True) -> None:

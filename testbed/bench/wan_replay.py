@@ -61,10 +61,10 @@ class NoWanModel(ValueError):
 
 def _with_line(config: dict, run_dir: Path) -> dict:
     """A router config from before the line knew its bottleneck queue
-    (``wan_queue_bytes``), congestion control or jitter gets the run's, from its
-    scenario, as a router now would."""
+    (``wan_queue_bytes``), congestion control or jitter gets each it lacks from the
+    run's scenario, as a router now would."""
     pdd, scenario = config.get("pdd"), run_dir / "scenario.json"
-    if pdd is None or "wan_jitter_s" in pdd or not scenario.exists():
+    if pdd is None or not scenario.exists():
         return config
     wan = json.loads(scenario.read_text())["network"]["wan"]
     known = {

@@ -54,3 +54,34 @@ def test_serve_then_sigterm_leaves_no_process(tiny_model, tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+class _Launched(Exception):
+    """Raised by the stand-in for SGLangServer: the spec `testbed serve` built."""
+
+    def __init__(self, spec) -> None:
+        self.spec = spec
+
+
+def test_serve_passes_its_timeouts_to_the_server_it_launches(tmp_path, monkeypatch):
+    """`testbed serve --handoff-park-timeout` (and the KV timeouts) reach the server's
+    environment, where main decode's handoff listener and the KV backend read them. The
+    launch itself is stood in for (the real one is the test above): SGLangServer raises
+    with the spec it was given."""
+    from typer.testing import CliRunner
+
+    from protocol.env import Env
+    from testbed import hosts_cli
+    from testbed.cli import app
+
+    def launched(spec, log):
+        raise _Launched(spec)
+
+    monkeypatch.setattr(hosts_cli, "SGLangServer", launched)
+    monkeypatch.setattr(hosts_cli, "resolve_model", lambda model: tmp_path)
+    args = ["serve", "--role", "main_decode", "--handoff-park-timeout", "900"]
+    result = CliRunner().invoke(app, [*args, "--kv-idle-timeout", "77"])
+    assert isinstance(result.exception, _Launched), result.output
+    env = dict(result.exception.spec.extra_env)
+    assert float(env[Env.HANDOFF_PARK_TIMEOUT_S]) == 900
+    assert float(env[Env.KV_IDLE_TIMEOUT_S]) == 77

@@ -157,8 +157,10 @@ def test_a_run_from_before_the_line_knew_its_queue_is_replayed_with_its_scenario
     filled = _with_line(old, tmp_path)["pdd"]
     assert filled["wan_queue_bytes"] == 1_500_000 and filled["wan_congestion_control"] == "reno"
     assert filled["wan_jitter_s"] == 0.002
-    new = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000, "wan_jitter_s": 0.0}}
-    assert _with_line(new, tmp_path) == new
+    # field by field: each stored one wins, each missing one comes from the scenario
+    partial = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000, "wan_jitter_s": 0.0}}
+    filled = _with_line(partial, tmp_path)["pdd"]
+    assert filled == {**partial["pdd"], "wan_congestion_control": "reno"}
     stored_queue = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000}}
     assert _with_line(stored_queue, tmp_path)["pdd"]["wan_queue_bytes"] == 3000
     assert _with_line({"system": "same_site_pd", "pdd": None}, tmp_path)["pdd"] is None
