@@ -60,10 +60,14 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     queue: deque = deque()  # chunks not yet sent, in token order, with when they came
     have = len(req.tokens)  # tokens the router holds (sent or queued)
     itl = _itl(req.record.token_times)  # the request's own, on relay decode
-    # main decode's interval on its recent requests: until its pace in this request is
-    # measured, the client is not served faster than main decode is expected to go, so
-    # it does not run far ahead of main decode only to wait for it at the switch
-    expected = max(itl, req.p.loads.itl.get(req.route.main_decode.name, 0.0))
+    # main decode's interval on its recent requests (relay decode's where it has none):
+    # until its pace in this request is measured, the client is not served faster than
+    # main decode is expected to go, so it does not run far ahead of main decode only to
+    # wait for it at the switch; a main decode expected faster than relay decode leaves
+    # the client at relay decode's rhythm (hetero run 041406: paced at 1.25x relay
+    # decode's 0.4 s while main decode decoded at 0.14-0.28 s, the client's gaps were
+    # 0.5 s for four seconds, the handoff's gap over 2x the inter-token P50)
+    expected = req.p.loads.itl.get(req.route.main_decode.name) or itl
     # main decode's pace since its first chunk (its chunks cross the WAN)
     md_pace = _Pace(span_s=2 * req.p.pdd.wan_one_way_s)
     from_rld = asyncio.ensure_future(anext(rld_stream, None))
@@ -88,13 +92,14 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             pausing = _md_pauses(req)  # main decode is about to extend another room
             caught_up = not md_failed and not pausing and settled and md_count > len(req.tokens)
             # or main decode, at its measured pace, has the token after all the router
-            # holds before the client has been served the queue and one interval more
-            in_time = (
-                not md_failed
-                and not pausing
-                and known
-                and md_pace.seconds_for(have + 1 - md_count) <= (have - len(req.tokens) + 1) * pace
-            )
+            # holds before the client has been served the queue and one interval more,
+            # counted from the last token sent (from now, a stop a while after it left the
+            # client waiting that while more: hetero run 041406, 0.58 s at a 0.35 s pace)
+            # A main decode already overdue for its next chunk is not in time (stalled, or
+            # its chunk about to come: the next event decides).
+            served_by = last_sent + (have - len(req.tokens) + 1) * pace
+            due = md_pace.due(have + 1 - md_count)
+            in_time = not md_failed and not pausing and known and clock.now() <= due <= served_by
             # or at the latest at the limit, unless the stop would stall the client (main
             # decode's wait, spread over the queued tokens, over twice the paced interval;
             # hetero run 084227 stalled 5.8 and 7.9 s at the limit, run 004052 0.9 s with
@@ -235,10 +240,13 @@ class _Pace:
     def seconds_until(self, tokens: int) -> float:
         """How long from now until it has decoded ``tokens`` more than its last chunk's
         count, at its recent pace (its next token is due one interval after that chunk)."""
+        return max(0.0, self.due(tokens) - clock.now())
+
+    def due(self, tokens: int) -> float:
+        """When it will have decoded ``tokens`` more than its last chunk's count."""
         if not self.tokens:
             return float("inf")
-        due = self.last[1] + self.seconds_for(tokens)
-        return max(0.0, due - clock.now())
+        return self.last[1] + self.seconds_for(tokens)
 
     def seconds_for(self, tokens: int) -> float:
         """How long it takes to decode ``tokens`` more at its recent pace."""

@@ -315,3 +315,19 @@ def test_relay_decode_streams_on_while_main_decode_is_about_to_extend_another_ro
     assert req.record.relay_stopped - started > 0.5  # not before the other room's extend
     assert req.longest_gap < 2.5 * 0.05
     assert req.p.loads.extending["md"] == 0  # this room's own batch counted off as extended
+
+
+def test_a_main_decode_expected_faster_leaves_the_client_at_relay_decodes_rhythm():
+    """Main decode's recent requests ran at 0.03 s a token, relay decode's at 0.06, and
+    main decode's first chunk comes 0.5 s after the handoff (its extend, the WAN): until
+    then the client keeps relay decode's rhythm. Paced at 1.25x relay decode's interval
+    (hetero run 041406: 0.5 s gaps for four seconds where relay decode gave one every
+    0.4), the handoff slowed the stream for nothing."""
+    req = Request(itl_s=0.06)
+    req.p.loads.learn_itl("md", [i * 0.03 for i in range(10)], switched=False)
+    started = time.time()
+    assert not run(req, stream(EAGER + 1, 0.06), steps(EAGER + 4, [0.5, 0.03]))
+    assert req.tokens == [100 + i for i in range(TOTAL)]
+    before_md = [t for t in req.sent[EAGER:] if t < started + 0.45]
+    gaps = [b - a for a, b in zip(before_md, before_md[1:], strict=False)]
+    assert len(gaps) >= 4 and statistics.median(gaps) < 1.12 * 0.06
