@@ -119,7 +119,7 @@ class PddConfig(BaseModel):
         "slot); the client's wait for a slower main decode is then spread over the queued "
         "tokens. Unless that wait, spread, would be over twice the paced interval: the stop "
         "then waits until it would not (the paced client lets main decode catch up, or the "
-        "queue grow), or relay decode ends the request.",
+        "queue grow), relay decode ends the request, or main decode has decoded twice this.",
     )
     min_remaining_tokens: int = Field(
         2, ge=1, description="Fewer output tokens left than this: relay decode finishes."
