@@ -58,6 +58,9 @@ class BenchError(RuntimeError):
     """A trial did not measure what it claims (the run stops and says which)."""
 
 
+RECORD_WAIT_S = 10.0  # for the router's record of a trial
+
+
 class Trials:
     """One deployment, one request after another; each trial returns a row."""
 
@@ -81,13 +84,17 @@ class Trials:
         )
         if r.status_code != 200:
             raise BenchError(f"{session}: the router answered {r.status_code}: {r.text[:300]}")
-        time.sleep(0.2)  # the router writes its record after the last token
-        for rec in reversed(read_records(self.d.records_path)):
-            if rec.request_id == rid:
-                if rec.status != "ok":
-                    raise BenchError(f"{session}: {rec.error}")
-                return rec
-        raise BenchError(f"{session}: no record from the router")
+        # The router writes its record after the last token, once the servers' transfer
+        # logs are joined (the sender's line comes once its connection settled: <= 2 s).
+        deadline = time.monotonic() + RECORD_WAIT_S
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            for rec in reversed(read_records(self.d.records_path)):
+                if rec.request_id == rid:
+                    if rec.status != "ok":
+                        raise BenchError(f"{session}: {rec.error}")
+                    return rec
+        raise BenchError(f"{session}: no record from the router in {RECORD_WAIT_S:.0f} s")
 
     def kv(self, i: int) -> dict:
         """Ship the KV of ``tokens`` new tokens over the WAN to an MD caching the rest."""

@@ -29,10 +29,6 @@ if TYPE_CHECKING:
     from testbed.router.policies import Route
 
 KEEP = 20_000  # log lines kept per side for lookup; the oldest go first
-# The sender writes its line once its connection has settled after decode's Ack
-# (protocol.tcp.settled_state: at most 2 s), often after the receiver's: a record joined
-# without it lost P's stamps (a short same_site_pd request in test_bench).
-SENDER_LINE_S = 2.5
 logger = logging.getLogger("pdd.router")
 
 
@@ -121,8 +117,8 @@ class TransferIndex:
             return
         wait_s = 0.5 if record.status == "ok" else 0.1
         transfer = await self.lookup(room, server.transfer_log, wait_s)
-        sender = await self._await_sender(route, server, room, SENDER_LINE_S if transfer else 0)
         self._join_stamps(route, record)
+        sender = self._sender_to(route, server, room)
         self.forget(room)
         if transfer is None:
             return
@@ -142,14 +138,6 @@ class TransferIndex:
             record.fallback = f"{record.fallback}; KV transfer: {transfer.reason}"[:500]
         elif not transfer.ok and record.status == "ok":
             record.status, record.error = "upstream_error", f"KV transfer failed: {transfer.reason}"
-
-    async def _await_sender(self, route: Route, server, room: int, wait_s: float):
-        """The prefill sender's line for ``room`` to ``server``; waits ``wait_s`` for it."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while (found := self._sender_to(route, server, room)) is None and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        return found
 
     def _sender_to(self, route: Route, server, room: int) -> TransferRecord | None:
         """The prefill sender's line for ``room`` to ``server`` (a dual-path room also

@@ -109,30 +109,3 @@ def test_the_record_counts_the_senders_retransmissions_to_its_decoder(tmp_path, 
     record = RequestRecord(request_id="1", system="pdd", endpoint="/generate", arrival=0.0, room=1)
     asyncio.run(TransferIndex(list(logs.values())).join(route, record))
     assert record.kv_retransmits == 163
-
-
-def test_the_join_waits_for_the_senders_line_written_after_the_receivers(tmp_path):
-    """The sender writes its line once its connection settled after decode's Ack, up to
-    2 s after the receiver's: the join waits for it, so the record has P's stamp (a short
-    same_site_pd request once lost it: its TTFT parts fell back to one server part)."""
-    from protocol.records import RequestRecord
-
-    logs, route = _p_md_route(tmp_path, md_host="10.0.2.1")
-    logs["p"].write_text("")
-    logs["md"].write_text(line(1, kv_bytes=8, wire_bytes=9, status="success"))
-    sent = TransferRecord(
-        room=1, side="prefill", peer="10.0.2.1:4000", start=1.0, end=2.1, first_byte=1.25
-    )
-    record = RequestRecord(request_id="1", system="pdd", endpoint="/generate", arrival=0.0, room=1)
-
-    async def late_sender_then_join():
-        async def write_late():
-            await asyncio.sleep(0.4)
-            logs["p"].write_text(json.dumps(asdict(sent)) + "\n")
-
-        writing = asyncio.ensure_future(write_late())
-        await TransferIndex(list(logs.values())).join(route, record)
-        await writing
-
-    asyncio.run(late_sender_then_join())
-    assert record.prefill_first_byte == 1.25
