@@ -27,7 +27,8 @@ _TCP_INFO = struct.Struct("8B24I4Q4I")
 # is in none of them.
 _TCP_CHRONO = struct.Struct("8B24I4Q4I2I4Q")
 _NO_SSTHRESH = 0x7FFFFFFF  # TCP_INFINITE_SSTHRESH: slow start has not ended yet
-_LAST_DATA_SENT, _LAST_ACK_RECV, _MIN_RTT = 8 + 9, 8 + 12, 8 + 24 + 4 + 3  # indices into it
+_INFO_FIELDS = 8 + 24 + 4 + 4  # fields of _TCP_INFO; _TCP_CHRONO has more
+_LAST_DATA_SENT, _LAST_ACK_RECV, _MIN_RTT = 8 + 9, 8 + 12, _INFO_FIELDS - 1  # indices into it
 
 
 class Chrono(NamedTuple):
@@ -89,7 +90,7 @@ def tcp_state(sock: socket.socket) -> TcpState:
     info = _info(sock)
     if info is None:
         return TcpState()
-    times = Chrono(*(us / 1e6 for us in info[-3:])) if len(info) > _MIN_RTT + 1 else Chrono()
+    times = Chrono(*(us / 1e6 for us in info[-3:])) if len(info) > _INFO_FIELDS else Chrono()
     info = info[8:]  # the u32 fields after eight u8s
     mss, ssthresh, cwnd, retransmits = info[2], info[17], info[18], info[23]
     ssthresh_bytes = 0 if ssthresh >= _NO_SSTHRESH else min(ssthresh * mss, 2**32 - 1)

@@ -84,8 +84,8 @@ class Trials:
         )
         if r.status_code != 200:
             raise BenchError(f"{session}: the router answered {r.status_code}: {r.text[:300]}")
-        # The router writes its record after the last token, once the servers' transfer
-        # logs are joined (the sender's line comes once its connection settled: <= 2 s).
+        # The router writes its record after the last token, once it has joined the
+        # servers' transfer logs (it waits up to 0.5 s for the receiver's line).
         deadline = time.monotonic() + RECORD_WAIT_S
         while time.monotonic() < deadline:
             time.sleep(0.2)
