@@ -30,8 +30,8 @@ from protocol import clock, tcp
 from protocol.env import Env
 
 MAGIC = b"PDKV"
-VERSION = 3  # 2: Done carries the sender's threshold at its first chunk; the Window frame
-# 3: the Waiting frame
+VERSION = 4  # 2: Done carries the sender's threshold at its first chunk; the Window frame
+# 3: the Waiting frame; 4: Done carries when the sender's first chunk left
 HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, flags, room, body length
 MAX_BODY = 1 << 30  # no frame is larger, whatever its type
 TAGGED = 1  # flags: an authentication tag follows the body

@@ -124,6 +124,8 @@ class TransferRecord:
     # kernel's stamps; read times where it gives none). The sender's: its first chunk left.
     first_byte: float | None = None
     last_byte: float | None = None
+    # Decode's side: when the sender's first chunk left, from the Done frame.
+    sender_first_byte: float | None = None
     status: str = "running"  # success | failed
     reason: str | None = None
     pages: int = 0

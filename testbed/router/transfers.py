@@ -157,11 +157,15 @@ class TransferIndex:
         """When P finished computing, when the first token's decoder held the KV, and
         when MD extended the final handoff."""
         room, logs = record.room, self
-        if route.prefill.transfer_log is not None:
-            sent = [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
-            record.prefill_first_byte = min((t for t in sent if t), default=None)
         first = route.stream_from.transfer_log
         held = logs.peek(room, first) if first is not None else None
+        # P's stamp from its own lines, or from a receiver's (the Done frame carries it):
+        # the sender writes its line only once its connection settled after the Ack
+        received = [logs.peek(room, log) for log in {first, route.kv_server.transfer_log} - {None}]
+        sent = [t.sender_first_byte for t in received if t is not None]
+        if route.prefill.transfer_log is not None:
+            sent += [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
+        record.prefill_first_byte = min((t for t in sent if t), default=None)
         if held is not None and held.ok:
             record.kv_first_byte, record.kv_end = held.first_byte, held.end
         if route.main_decode is not None and route.main_decode.transfer_log is not None:

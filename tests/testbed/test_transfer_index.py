@@ -109,3 +109,29 @@ def test_the_record_counts_the_senders_retransmissions_to_its_decoder(tmp_path, 
     record = RequestRecord(request_id="1", system="pdd", endpoint="/generate", arrival=0.0, room=1)
     asyncio.run(TransferIndex(list(logs.values())).join(route, record))
     assert record.kv_retransmits == 163
+
+
+def test_prefills_stamp_comes_from_the_receivers_line_before_the_senders_is_written(tmp_path):
+    """The sender writes its line once its connection settled after decode's Ack (up to
+    2 s later); the record, joined when the receiver's line is in, still has when P's
+    first chunk left: the Done frame carried it. An older receiver's line without it
+    leaves the stamp to the sender's line."""
+    from protocol.records import RequestRecord
+
+    logs, route = _p_md_route(tmp_path, md_host="md")
+
+    def joined() -> RequestRecord:
+        record = RequestRecord(
+            request_id="1", system="pdd", endpoint="/generate", arrival=0.0, room=1
+        )
+        asyncio.run(TransferIndex(list(logs.values())).join(route, record))
+        return record
+
+    logs["p"].write_text("")
+    logs["md"].write_text(line(1, status="success", sender_first_byte=1.25))
+    assert joined().prefill_first_byte == 1.25
+    logs["md"].write_text(line(1, status="success"))
+    assert joined().prefill_first_byte is None  # nothing says when P sent
+    sender = TransferRecord(room=1, side="prefill", peer="md:1", start=1.0, first_byte=1.3)
+    logs["p"].write_text(json.dumps(asdict(sender)) + "\n")
+    assert joined().prefill_first_byte == 1.3
