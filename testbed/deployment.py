@@ -3,7 +3,8 @@
 Lifecycle::
 
     Deployment(scenario, system, run_dir) ──up()──▶ serving ──down()──▶ stopped
-      up(): the testbed pinned to its CPUs (servers.cpus) → network up → model
+      up(): the testbed pinned to its CPUs (servers.cpus; the network's link
+            emulators to the 'link' ones) → network up → model
             resolved → every SGLang server started in its host's namespace (in
             parallel, on its role's CPUs) and healthy → router started on the router
             host and healthy → manifest written.  Any failure tears everything down.
@@ -41,6 +42,7 @@ from testbed.inventory import LocalHosts, LogMirror, RemoteServer
 from testbed.manifest import manifest
 from testbed.model import describe as describe_model
 from testbed.model import serving_limits
+from testbed.pinning import CpuPins
 from testbed.router.config import (
     UPSTREAM_TIMEOUT_S,
     RouterConfig,
@@ -94,6 +96,7 @@ class Deployment:
         self.servers: list[RunningServer] = []
         self.router: HostProcess | None = None
         self.router_host: str | None = None
+        self.pins: CpuPins | None = None  # servers.cpus, applied in up()
         # Handed to the servers and the router only (never written to the run directory)
         self.frame_key = new_frame_key() if scenario.servers.frame_auth else ""
         if inventory is not None and scenario.servers.frame_auth:  # the hosts' key
@@ -119,11 +122,14 @@ class Deployment:
     # -- lifecycle ------------------------------------------------------------------
     def up(self) -> Deployment:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self._pin_testbed()
+        self.pins = CpuPins(self.scenario.servers.cpus)
+        check_nice(self.scenario.servers.nice)
         try:
+            self.pins.pin("link")  # the link emulators the network starts keep this mask
             self.net.up()
+            self.pins.pin("testbed")
         except BaseException:
-            self._unpin_testbed()
+            self.pins.restore()
             raise
         # This process speaks frames too (bench-handoff's trials, the tests): same key.
         set_frame_key(bytes.fromhex(self.frame_key) or None)
@@ -164,7 +170,8 @@ class Deployment:
         if self.mirror is not None:
             self.mirror.stop()
         self.net.down()
-        self._unpin_testbed()
+        if self.pins is not None:
+            self.pins.restore()
 
     def problems(self) -> list[str]:
         """Servers, the router or link emulators that died since ``up``: each named,
@@ -197,30 +204,6 @@ class Deployment:
         if rows:
             (self.run_dir / "cpu.json").write_text(json.dumps(rows, indent=2))
 
-    # -- CPU pinning (servers.cpus) -------------------------------------------------------
-    def _pin_testbed(self) -> None:
-        """Pin this thread, and so every process it starts (link emulators, router,
-        Locust), to the 'testbed' CPUs; servers get their role's CPUs via taskset."""
-        cpus = self.scenario.servers.cpus
-        self.all_cpus = sorted(os.sched_getaffinity(0))
-        missing = sorted({c for v in cpus.values() for c in v} - set(self.all_cpus))
-        if missing:
-            raise ServerError(
-                f"servers.cpus names CPUs {missing}, but this machine offers "
-                f"{self.all_cpus}; edit the scenario's servers.cpus"
-            )
-        if "testbed" in cpus:
-            os.sched_setaffinity(0, cpus["testbed"])
-        check_nice(self.scenario.servers.nice)
-
-    def _unpin_testbed(self) -> None:
-        if getattr(self, "all_cpus", None):
-            os.sched_setaffinity(0, self.all_cpus)
-
-    def _server_cpus(self, role: str) -> tuple[int, ...]:
-        cpus = self.scenario.servers.cpus
-        return tuple(cpus.get(role, self.all_cpus)) if cpus else ()
-
     def __enter__(self) -> Deployment:
         return self.up()
 
@@ -249,7 +232,7 @@ class Deployment:
                     bootstrap_port=cfg.bootstrap_port,
                     decode_radix_cache=cfg.decode_radix_cache,
                     extra_args=tuple(cfg.extra_args),
-                    cpus=self._server_cpus(role),
+                    cpus=self.pins.cpus_for(role),
                     nice=cfg.nice.get(role, 0),
                     extra_env=server_env(
                         cfg, self.transfer_log(name), self._handoff_port(role), self.frame_key

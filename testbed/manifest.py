@@ -51,7 +51,7 @@ def manifest(deployment, model: Path) -> dict:
             "kernel": platform.release(),
             "machine": platform.machine(),
             "python": platform.python_version(),
-            "cpus": deployment.all_cpus,
+            "cpus": deployment.pins.all_cpus,
         },
         "git_commit": git_commit(),
         "started": time.time(),

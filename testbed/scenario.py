@@ -34,7 +34,8 @@ from workloads.spec import WorkloadSpec
 # in a scenario is read from the project's root, the checkout's top directory.
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-CPU_ROLES = (*Role, "testbed")  # "testbed": the router, link emulators and Locust
+# "testbed": the router, Locust and (unless "link" names others) the link emulators
+CPU_ROLES = (*Role, "testbed", "link")
 
 
 class ScenarioError(ValueError):
@@ -139,7 +140,8 @@ class ServersSpec(BaseModel):
     cpus: dict[str, list[int]] = Field(
         default_factory=dict,
         description="CPU pinning by server role (colocated, prefill, decode, relay_decode, "
-        "main_decode), and 'testbed' for the rest (router, link emulators, Locust), so "
+        "main_decode), 'testbed' for the rest (router, Locust, and link emulators unless "
+        "'link' names their own), so "
         "co-hosted servers compute like separate machines; empty: no pinning.",
     )
 
