@@ -40,7 +40,9 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
     pause for another room's extend (a handoff batch sent there and not yet extended,
     ``Loads.extending``): its decode batch waits out that pass, which main decode's
     pace cannot foresee (hetero run 004052: a stop "in time" met a 2.1 s extend, and
-    the client waited 2.9 s). The tokens still queued after the stop
+    the client waited 2.9 s); meanwhile the client is served no faster than relay
+    decode's rhythm, so main decode's lead queues up and covers that pause. The tokens
+    still queued after the stop
     are spaced so that they last until main decode reaches them: the client's wait
     for a slower main decode is spread over them, not one stall. While relay decode
     will have decoded the whole request before main decode could take it over (see
@@ -127,7 +129,13 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # already has, or is sure to have, the whole request)
             rld_ends = rld_open and _relay_decode_ends_it(req, have, itl, expected, md_pace)
             slow = not md_failed and not rld_finished and not rld_ends and md_count < have
-            interval = pace
+            # main decode about to pause for another room's extend while relay decode
+            # streams on: the client keeps relay decode's rhythm, so main decode's lead
+            # queues up and covers the pause (hetero run 075106: served at main decode's
+            # pace, the client ran 13 tokens ahead of relay decode, then waited out a
+            # 1.29 s extend)
+            cushion = pausing and rld_open and not md_failed
+            interval = max(pace, itl) if cushion else pace
             if slow and not rld_open and queue:
                 # What is queued must last until main decode has the token after it: the
                 # time from the last token sent until then, spread evenly over the queued
@@ -136,7 +144,7 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
                 if wait != float("inf"):
                     span = clock.now() - last_sent + wait
                     interval = max(pace, span / (len(queue) + 1))
-            if queue and (not slow or clock.now() - last_sent >= interval):
+            if queue and (not (slow or cushion) or clock.now() - last_sent >= interval):
                 chunk, queued_at = queue.popleft()
                 new = chunk.new_ids(len(req.tokens))
                 req.tokens += new

@@ -319,6 +319,33 @@ def test_relay_decode_streams_on_while_main_decode_is_about_to_extend_another_ro
     assert req.p.loads.extending["md"] == 0  # this room's own batch counted off as extended
 
 
+def test_a_client_ahead_of_relay_decode_keeps_a_cushion_while_main_decode_is_about_to_pause():
+    """Main decode runs ahead of relay decode from the start, but another room's batch is
+    pending there, so relay decode streams on. Served at main decode's pace, the client
+    would run six tokens ahead of relay decode, then wait out main decode's 0.6 s extend
+    until relay decode caught up (old code: a 0.36 s gap; hetero run 075106: 1.38 s).
+    Kept at relay decode's rhythm, main decode's lead lasts through the pause."""
+    req = Request(itl_s=0.06)
+
+    async def other_room():
+        req.p.loads.extending["md"] += 1
+        await asyncio.sleep(0.66)
+        req.p.loads.extending["md"] -= 1
+
+    async def both():
+        other = asyncio.ensure_future(other_room())
+        await asyncio.sleep(0)
+        md = steps(EAGER + 1, [0.01] * 6 + [0.6, 0.01])
+        ended = await switch_streams(req, stream(EAGER + 1, 0.06), req.close_rld, md)
+        await other
+        return ended
+
+    assert not asyncio.run(both())
+    assert req.tokens == [100 + i for i in range(TOTAL)] and req.record.decode_server == "md"
+    assert req.longest_gap < 2.5 * 0.06
+    assert req.record.handoff_s <= req.longest_gap
+
+
 def test_a_main_decode_expected_faster_leaves_the_client_at_relay_decodes_rhythm():
     """Main decode's recent requests ran at 0.03 s a token, relay decode's at 0.06, and
     main decode's first chunk comes 0.5 s after the handoff (its extend, the WAN): until
