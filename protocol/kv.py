@@ -95,7 +95,7 @@ class Done:
     # When the sender's first chunk left (``protocol.clock``; 0: none). The receiver's
     # log line has it, so a request's record joined before the sender's own line (written
     # once its connection settled, up to 2 s after the Ack) still has prefill's stamp.
-    sent_first_byte: float = 0.0
+    sender_first_byte: float = 0.0
 
     _FIXED = struct.Struct("!IQdIIIIId")
 

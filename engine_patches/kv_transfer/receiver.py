@@ -239,7 +239,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 record.ssthresh_bytes = done.ssthresh_bytes
                 record.cwnd_end_bytes = done.cwnd_end_bytes
                 record.ssthresh_end_bytes = done.ssthresh_end_bytes
-                record.sender_first_byte = done.sent_first_byte or None
+                record.sender_first_byte = done.sender_first_byte or None
                 received = progress["pages"]
                 if done.total_pages != received or received != len(pages):
                     raise ProtocolError(

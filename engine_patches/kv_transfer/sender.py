@@ -145,7 +145,7 @@ class _Leg:
                     cwnd_end_bytes=record.cwnd_end_bytes,
                     ssthresh_end_bytes=record.ssthresh_end_bytes,
                     ssthresh_bytes=record.ssthresh_bytes,
-                    sent_first_byte=record.first_byte or 0.0,
+                    sender_first_byte=record.first_byte or 0.0,
                 )
                 record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
                 kind, _, body = recv_frame(conn)

@@ -117,7 +117,7 @@ class TransferIndex:
             return
         wait_s = 0.5 if record.status == "ok" else 0.1
         transfer = await self.lookup(room, server.transfer_log, wait_s)
-        self._join_stamps(route, record)
+        self._join_stamps(route, record, transfer)
         sender = self._sender_to(route, server, room)
         self.forget(room)
         if transfer is None:
@@ -153,7 +153,9 @@ class TransferIndex:
         to_server = [t for t in lines if t.peer.rsplit(":", 1)[0].strip("[]") in addresses]
         return to_server[-1] if to_server else None
 
-    def _join_stamps(self, route: Route, record: RequestRecord) -> None:
+    def _join_stamps(
+        self, route: Route, record: RequestRecord, transfer: TransferRecord | None
+    ) -> None:
         """When P finished computing, when the first token's decoder held the KV, and
         when MD extended the final handoff."""
         room, logs = record.room, self
@@ -161,8 +163,7 @@ class TransferIndex:
         held = logs.peek(room, first) if first is not None else None
         # P's stamp from its own lines, or from a receiver's (the Done frame carries it):
         # the sender writes its line only once its connection settled after the Ack
-        received = [logs.peek(room, log) for log in {first, route.kv_server.transfer_log} - {None}]
-        sent = [t.sender_first_byte for t in received if t is not None]
+        sent = [t.sender_first_byte for t in (held, transfer) if t is not None]
         if route.prefill.transfer_log is not None:
             sent += [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
         record.prefill_first_byte = min((t for t in sent if t), default=None)

@@ -37,7 +37,7 @@ def test_frames_cross_a_real_socket_and_bad_peers_are_refused():
     assert KvChunkHeader.decode(body) == KvChunkHeader(3, 4, 99)
     assert np.frombuffer(body[KvChunkHeader.size :], np.float32).tolist() == payload.tolist()
 
-    done = Done(4, 16000, 0.25, 14480, 3, 5, 6, 7, sent_first_byte=1764921600.25)
+    done = Done(4, 16000, 0.25, 14480, 3, 5, 6, 7, sender_first_byte=1764921600.25)
     send_frame(a, MsgType.DONE, 1, done.encode())
     assert Done.decode(bytes(recv_frame(b)[2])) == done
 
