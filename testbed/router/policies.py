@@ -110,6 +110,13 @@ class PddPolicy(Policy):
         super().__init__(config, wan or wan_line(self.pdd))
         self.mirror = PrefixMirror(capacity_tokens=self.pdd.md_cache_tokens)
 
+    def _uncached(self, prompt: list[int] | None, n_in: int, session: str | None) -> int:
+        """Tokens MD is predicted to lack when this request reaches it (``lead_s`` after
+        routing: an exchange MD is finishing may be in its cache by then)."""
+        if prompt is None:
+            return n_in
+        return n_in - self.mirror.predicted_hit(prompt, session, self.wan.clock() + self.wan.lead_s)
+
     def choose(self, body, loads, session: str | None = None, pinned: str | None = None):
         route = self._choose(body, loads, session)
         if pinned is None or pinned == route.pipeline:
@@ -140,7 +147,7 @@ class PddPolicy(Policy):
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
         n_out = max_new_tokens(body)
-        uncached = n_in - (self.mirror.predicted_hit(prompt, session) if prompt is not None else 0)
+        uncached = self._uncached(prompt, n_in, session)
         wan = self.wan.predict(uncached * pdd.kv_bytes_per_token)  # also for a pinned route
         try:
             relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
@@ -181,7 +188,7 @@ class ThresholdPolicy(PddPolicy):
         main = loads.least_loaded(self.config.with_role(Role.MAIN_DECODE))
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
-        uncached = n_in - (self.mirror.predicted_hit(prompt, session) if prompt is not None else 0)
+        uncached = self._uncached(prompt, n_in, session)
         wan = self.wan.predict(uncached * self.pdd.kv_bytes_per_token)
         limit = self.pdd.threshold_tokens
         if uncached > limit and prompt is not None:

@@ -310,10 +310,14 @@ class RelayedRequest:
         async for chunk in md_stream:
             await self._from_main_decode(chunk)
 
-    def start_drain(self, pending: asyncio.Future, md_stream) -> None:
+    def start_drain(self, pending: asyncio.Future, md_stream, left_s: float) -> None:
         """Relay decode finished the client's stream after the handoff: main decode
-        finishes the request in the background. It settles the exchange like
-        :func:`settle`, so the session's next turn waits for it (``turn_wait_s``)."""
+        finishes the request in the background (in about ``left_s``). It settles the
+        exchange like :func:`settle`, so the session's next turn waits for it
+        (``turn_wait_s``), and the mirror expects it: MD holds what it extended now (the
+        first token and the handed-off ones), all once it ends."""
+        held, ready_at = 1 + self.handed, clock.now() + left_s
+        self.p.after.expect(self.body, self.record.session_id, self.tokens, held, ready_at)
         self.drained = self.p.background(drain_main_decode(self, pending, md_stream))
         self.p.after.settling[id(self.record)] = self.drained
 

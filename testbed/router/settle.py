@@ -18,6 +18,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
+from protocol import clock
 from testbed.router.handoff_channel import HandoffError
 from testbed.router.upstream import chunks
 
@@ -40,6 +41,7 @@ async def drain_main_decode(req: RelayedRequest, pending: asyncio.Future, md_str
         if aligning is not None:
             await aligning
     except Exception as exc:  # off the client's path: log, never raise
+        req.p.after.forget(req.body, req.record.session_id, req.tokens)
         logger.warning("room %s: main decode after relay decode ended: %r", req.record.room, exc)
     finally:
         req.release()
@@ -57,6 +59,11 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     log = req.route.main_decode.transfer_log
+    # MD holds the exchange once the KV has landed, it extended the eager tokens and
+    # decoded the last one: about two of its steps after the KV (the mirror expects it)
+    step = req.p.loads.itl.get(req.route.main_decode.name, 0.0)
+    landed = clock.now() if req.ready.done() else req.p.after.kv_lands_at(req.record.room)
+    req.p.after.expect(req.body, req.record.session_id, tokens, 0, landed + 2 * step)
     try:
         while not req.ready.done():  # MD holds the KV, its transfer failed, or time is up
             failed = req.p.transfers.peek(req.record.room, log) if log else None
@@ -85,6 +92,7 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
         if aligning is not None:
             await aligning
     except Exception as exc:  # an optimisation off the client's path: log, never raise
+        req.p.after.forget(req.body, req.record.session_id, tokens)
         logger.warning("settling room %s on main decode: %r", req.record.room, exc)
     finally:
         req.release()

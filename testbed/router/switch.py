@@ -198,7 +198,9 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             return False  # switched; main decode's stream is consumed here to its end
         await req.out.finish()
         if md_open:  # main decode still decodes the request: let it finish, then release
-            req.start_drain(from_md, md_stream)
+            known = md_pace.measured(req.p.pdd.switch_tokens)
+            interval = md_pace.seconds_for(1) if known else expected
+            req.start_drain(from_md, md_stream, (len(req.tokens) - md_count) * interval)
             from_md = None
         return True
     finally:

@@ -19,14 +19,11 @@ What is predicted is what the receiver measures: its first KV byte to its last, 
 time the wire idled while the sender waited for prefill (``TransferRecord.seconds``).
 
 The line is a fluid model of TCP over a rate-limited drop-tail queue. Transfers on
-it share the rate equally (processor sharing), so a transfer of ``s`` bytes among
-others with ``r_i`` bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``;
-each transfer's remaining bytes drain that way between events (measured here: a
-small transfer behind a large one is barely slower, as TCP shares the line, where a
-first-come-first-served backlog predicted it ten times slower), from when its first
+it share the rate equally (processor sharing: measured, a small transfer behind a
+large one is barely slower), so a transfer of ``s`` bytes among others with ``r_i``
+bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``, from when its first
 byte is due: ``lag_s`` after routing, the median of recent transfers (decode's
-checkout, prefill's compute, the way across; drained from routing, the model saw
-transfers half done before any had begun, and connections free that were not).
+checkout, prefill's compute, the way across).
 
 One flow alone pays, on top of its bytes at the goodput (the arithmetic of one flow:
 :mod:`testbed.router.tcp_model`):
@@ -34,32 +31,26 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
 - TCP's window, from the one its connection already has: a round trip per doubling
   until it fills the pipe in slow start, ``alpha`` segments more per round trip past
   the slow start threshold. Decode servers pool their KV connections and reuse the
-  warmest (the largest window its sender told it in the Window frame, then the one
-  returned last; ``servers.kv_pool_reuse_s``), so the line mirrors that pool, ranked
-  the same way: a connection comes back with the window of the Done frame
-  (``TransferRecord.cwnd_end_bytes``), then with the window and threshold of the
-  sender's own log line, read once the kernel had a moment to undo a spurious cut
-  after decode's Ack (``protocol.tcp.settled_state``; the Done frame leaves while the
-  last windows are in flight: on hetero it reported 1.6 MB where the sender ended at
-  0.8 MB). Where no sender said anything, the model's own flow gives its end window.
-  Decode checks a connection out only when its request reaches it (``lead_s`` after
-  routing), so a transfer routed while every pooled connection is busy gets the one
-  the model sees freed by then; only when none is does it pay a new connection's.
-- Random loss: a loss every ``MSS / p`` bytes (the first after that many: under one
-  expected loss a flow most often has none), each cutting the window as the line's
-  congestion control does (:data:`~testbed.router.tcp_model.RESPONSES`), and the window
-  beyond the pipe and the bottleneck queue cut the same way; round by round
-  (:func:`~testbed.router.tcp_model.flow`), so a loss costs what the window then falls
-  short of the pipe. On default (0.1%, CUBIC) that keeps a long flow's window at a
-  quarter of the pipe, as its senders reported. A transfer past its loss-free run
-  drains the line no faster than that flow alone.
+  warmest (the largest window its sender told it; ``servers.kv_pool_reuse_s``), so the
+  line mirrors that pool, ranked the same way: a connection comes back with the Done
+  frame's window (``TransferRecord.cwnd_end_bytes``), then with the sender's log
+  line's, read once the kernel could undo a spurious cut after decode's Ack
+  (``protocol.tcp.settled_state``); without either, with the model's own flow's.
+  Decode checks a connection out when its request reaches it (``lead_s`` after
+  routing): one routed while every pooled connection is busy gets the one the model
+  sees freed by then, else a new connection's.
+- Random loss: a loss every ``MSS / p`` bytes (the first after that many), each cutting
+  the window as the line's congestion control does (``tcp_model.RESPONSES``), as does
+  a window beyond the pipe and the bottleneck queue; round by round (``tcp_model.flow``),
+  so a loss costs what the window then falls short of the pipe (on default, 0.1% and
+  CUBIC, a long flow's window stays near a quarter of the pipe, as its senders
+  reported). Past its loss-free run a transfer drains no faster than that flow alone.
 - The line's jitter: an order-keeping delay line delays the last byte about that much
   more than the first (:func:`~testbed.router.tcp_model.jitter_spread_s`; hetero).
 
 Slow start's rounds take ``round_trip``: the configured one until lone loss-free
-transfers that had rounds to take teach it (the round trip that explains each; on
-default 21.5-22.5 ms on a 20 ms line), with the configured rate's pipe. A flow sharing
-the line ramps up only to its share: its window holds it back while below its pipe.
+transfers with rounds to take teach it (on default 21.5-22.5 ms on a 20 ms line). A
+flow sharing the line ramps up only to its share (its window holds it back below it).
 
 Bytes are the wire's (``framing``: frame headers per KV byte, learned). The rest (the
 receiver's work, what the model misses) is in the goodput: the median rate of the
@@ -214,6 +205,16 @@ class WanLine:
         items = [replace(o) for o in self.outstanding.values()]
         self._advance(items, self._as_of, t)
         return items
+
+    def expected_end(self, room: int) -> float | None:
+        """When the model expects ``room``'s transfer to end (None: not on the line)."""
+        self._drain(now := self.clock())
+        if room not in self.outstanding:
+            return None
+        begins = max(now, self.outstanding[room].started + self.lag_s)
+        at = dict(zip(self.outstanding, self._at(begins), strict=True))
+        left = at.pop(room).left
+        return begins + (left + sum(min(o.left, left) for o in at.values())) / self.goodput
 
     def backlog(self, now: float | None = None) -> float:
         """Bytes still on the line (queued or in flight), drained to ``now``."""

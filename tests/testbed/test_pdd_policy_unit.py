@@ -238,3 +238,35 @@ def test_a_relayed_turn_counts_in_the_next_turns_hit_once_main_decode_cached_it(
     alone = body(3000, start=5000)
     p.choose(alone, Loads(), "t", pinned=Pipeline.RLD_ONLY)
     assert p.mirror.predicted_hit(alone["input_ids"], "t") == 0
+
+
+def test_an_exchange_md_is_finishing_counts_once_the_next_turn_reaches_md_after_it():
+    """Relay decode ended a turn's stream; MD still finishes it (a drain after the
+    handoff, or a settle). MD holds the prompt and the tokens it extended now, the whole
+    exchange once it ends. Routed on the exchange before, hetero run 092139 predicted
+    4.3 MB for a turn whose MD lacked 0.4 MB. The next turn's request reaches MD
+    ``lead_s`` after routing: what MD holds by then counts."""
+    from testbed.router.after import AfterRequest
+
+    p = policy(direct_wan_bound_s=0.1)
+    after = AfterRequest(PddConfig(), p.mirror, None)
+    first = body(2000)
+    output = [9] * 200
+    follow = {**first, "input_ids": first["input_ids"] + output + [7] * 50}
+    now = p.wan.clock()
+    after.expect(first, "s", output, held=21, ready_at=now + 5)  # t1 + 20 handed off
+    assert "(229 uncached" in p.choose(follow, Loads(), "s").reason  # 250 - 21
+    p.wan.leads.append(6.0)  # requests reach MD 6 s after routing: after MD ended it
+    assert "(51 uncached" in p.choose(follow, Loads(), "s").reason  # its last token has no KV
+    # another session's prompt never matches an exchange MD has not ended yet
+    assert p.mirror.predicted_hit(follow["input_ids"], "t", now + 10) == 0
+
+    after.forget(first, "s", [8] * 200)  # another exchange's failure: this one stays
+    assert p.mirror.predicted_hit(follow["input_ids"], "s", now + 10) == 2199
+    after.forget(first, "s", output)  # its drain failed: MD will not hold it
+    assert p.mirror.predicted_hit(follow["input_ids"], "s", now + 10) == 0
+
+    after.expect(first, "s", output, held=21, ready_at=now + 5)
+    assert after.remember(p.choose(first, Loads()), first, "s", output) is None
+    assert p.mirror.expected == {}  # MD ended it: learned for good, for every session
+    assert p.mirror.predicted_hit(follow["input_ids"], "t") == 2199

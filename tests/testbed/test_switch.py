@@ -74,8 +74,9 @@ class Request:
     def check_echo(self, chunk) -> None:
         pass
 
-    def start_drain(self, pending, md_stream) -> None:
+    def start_drain(self, pending, md_stream, left_s: float) -> None:
         pending.cancel()
+        self.drain_left_s, self.drain_started = left_s, time.time()
 
     def close_rld(self) -> None:
         self.rld_closed, self.closed_at = True, len(self.sent)
@@ -210,8 +211,13 @@ def test_relay_decode_that_ends_the_request_before_main_decode_reaches_the_clien
     req.p.pdd = PddConfig(switch_pace=1.25, switch_tokens=4, switch_limit_tokens=12)
     req.p.loads.learn_itl("md", [i * 0.1 for i in range(10)], switched=False)
     relay = steps(EAGER + 1, [0.03] * 25 + [0.3])  # count 37 at 0.75 s, then 0.3 s a token
+    started = time.time()
     ended_on_rld = run(req, relay, stream(EAGER - 2, 0.1))  # the limit at 1.3 s, count 22
     assert ended_on_rld and not req.rld_closed and req.record.relay_stop_reason is None
+    # main decode finishes the request in the background: when it is expected to end
+    # (what the router's mirror of its cache waits for) is when its stream would
+    md_ends = started + (TOTAL - (EAGER - 2) + 1) * 0.1
+    assert req.drain_started + req.drain_left_s == pytest.approx(md_ends, abs=0.35)
     assert req.tokens == [100 + i for i in range(TOTAL)]
     assert req.longest_gap < 0.4  # relay decode's slow steps, no wait for main decode
     # those steps are relay decode's inter-token intervals, not the switch's gaps: the
