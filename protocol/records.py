@@ -98,6 +98,7 @@ class RequestRecord(TokenTimes):
     wan_queued_bytes: int | None = None  # the prediction's backlog ahead of this transfer
     wan_own_bytes: int | None = None  # the KV bytes predicted (MD's predicted miss)
     wan_goodput_bytes_s: float | None = None  # the prediction's line goodput (bytes/s)
+    wan_cwnd_bytes: int | None = None  # the window the model gave its connection
     kv_bytes: int | None = None  # KV payload moved for this request
     kv_wire_bytes: int | None = None
     kv_link: str | None = None  # lan | wan

@@ -78,7 +78,14 @@ def prediction_error(run: RunData) -> pd.DataFrame:
     about a round trip no prediction foresees); ``error_p95_no_retransmit``: the error
     P95 over the others. ``error_p50_ms`` / ``error_p95_ms``: the same error in
     milliseconds (a 140 KB transfer takes 15-50 ms on default, where a few ms of the
-    hosts' scheduling are tens of percent)."""
+    hosts' scheduling are tens of percent).
+
+    Where the model's inputs were wrong: ``bytes_miss_share``, transfers whose bytes
+    were over 10% off what crossed (the router's mirror of MD's cache), and
+    ``window_miss_share``, transfers whose connection started with a window over 1.5x
+    off the model's (decode took another pooled connection than the model gave it);
+    ``error_p95_inputs_right``: the P95 over transfers with neither and no
+    retransmission — what the line model itself misses."""
     rows = []
     for name, s in run.systems.items():
         r = s.records
@@ -100,6 +107,9 @@ def prediction_error(run: RunData) -> pd.DataFrame:
         )
         resent = both.get("kv_retransmits", pd.Series(np.nan, index=both.index))
         clean = err[resent == 0]
+        bytes_miss = _off(both, "wan_own_bytes", "kv_bytes", 1.1)
+        window_miss = _off(both, "wan_cwnd_bytes", "kv_cwnd_bytes", 1.5)
+        right = err[(resent == 0) & (bytes_miss != 1) & (window_miss != 1)]  # unknown: not wrong
         rows.append(
             {
                 "system": name,
@@ -116,9 +126,22 @@ def prediction_error(run: RunData) -> pd.DataFrame:
                 if resent.notna().any()
                 else np.nan,
                 "error_p95_no_retransmit": percentile(clean, 95) if len(clean) else np.nan,
+                "bytes_miss_share": bytes_miss.mean(),
+                "window_miss_share": window_miss.mean(),
+                "error_p95_inputs_right": percentile(right, 95) if len(right) else np.nan,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _off(rows: pd.DataFrame, predicted: str, measured: str, factor: float) -> pd.Series:
+    """Per row: whether ``predicted`` was over ``factor`` times off ``measured`` either
+    way: 1.0 or 0.0, NaN where either is unknown (e.g. runs older than the column)."""
+    if predicted not in rows or measured not in rows:
+        return pd.Series(np.nan, index=rows.index)
+    p, m = _num(rows[predicted]), _num(rows[measured])
+    off = (np.fmax(p, m) > factor * np.fmin(p, m)).astype(float)
+    return off.where((p > 0) & (m > 0))
 
 
 def regret(run: RunData) -> pd.DataFrame:

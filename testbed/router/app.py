@@ -332,6 +332,7 @@ class Router:
         record.wan_queued_bytes = route.wan.queued_bytes
         record.wan_own_bytes = route.wan.own_bytes
         record.wan_goodput_bytes_s = route.wan.goodput_bytes_s
+        record.wan_cwnd_bytes = route.wan.cwnd_bytes
         crosses = route.prefill is not None and route.kv_server.site != route.prefill.site
         if crosses and route.wan.own_bytes and self.policy.wan is not None:
             self.policy.wan.start(record.room, route.wan.own_bytes)

@@ -90,6 +90,7 @@ class WanPrediction:
     own_bytes: int  # this request's uncached KV
     goodput_bytes_s: float  # bytes per second one transfer achieves alone
     seconds: float  # predicted first-to-last-byte time of this transfer
+    cwnd_bytes: int = 0  # the congestion window the model gave its connection
 
 
 @dataclass
@@ -269,24 +270,21 @@ class WanLine:
         pipe = self.rate * self.round_trip.value
         return Congestion(min(window.cwnd + nbytes, max(pipe, INITIAL_WINDOW)))
 
-    def seconds(self, own_bytes: float) -> float:
-        """The model's first-to-last-byte time of ``own_bytes`` starting now."""
-        if not own_bytes:
-            return 0.0
-        own_bytes *= self.framing.value
-        now = self.clock()
-        self._drain(now)
-        # those still on the line when this transfer's first byte comes share it
-        shared = sum(min(o.left, own_bytes) for o in self._at(now + self.lag_s))
-        line_s = (own_bytes + shared) / self.goodput
-        # its window against the pipe at the rate it gets (its share)
-        share = self.rate * own_bytes / (own_bytes + shared)
-        spread = jitter_spread_s(own_bytes, share, self.jitter)
-        return self._flow(own_bytes, share, self._window(now)).extra_s + line_s + spread
-
     def predict(self, own_bytes: int) -> WanPrediction:
-        queued = self.backlog()
-        return WanPrediction(round(queued), own_bytes, self.goodput, self.seconds(own_bytes))
+        """The model's first-to-last-byte time of ``own_bytes`` starting now."""
+        now = self.clock()
+        queued, window = round(self.backlog(now)), self._window(now)
+        if not own_bytes:
+            return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd))
+        nbytes = own_bytes * self.framing.value
+        # those still on the line when this transfer's first byte comes share it
+        shared = sum(min(o.left, nbytes) for o in self._at(now + self.lag_s))
+        line_s = (nbytes + shared) / self.goodput
+        # its window against the pipe at the rate it gets (its share)
+        share = self.rate * nbytes / (nbytes + shared)
+        spread = jitter_spread_s(nbytes, share, self.jitter)
+        seconds = self._flow(nbytes, share, window).extra_s + line_s + spread
+        return WanPrediction(queued, own_bytes, self.goodput, seconds, round(window.cwnd))
 
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())

@@ -111,3 +111,43 @@ def test_the_spread_of_same_size_lone_transfers_bounds_what_prediction_can_do():
     err = ttft.prediction_error(run).iloc[0]
     assert err["transfers"] == 7
     assert err["lone_spread_p90_p10"] == pytest.approx(np.percentile([1, 1, 1, 1, 3], 90))
+
+
+def test_the_error_table_says_which_transfers_the_model_had_wrong_inputs_for():
+    """A transfer predicted for more bytes than crossed (the mirror of MD's cache
+    missed a finished exchange) or on a connection other than the one decode took (its
+    window 1.5x off) is counted apart; the P95 over the rest is the line model's own."""
+
+    def wan(i, predicted, measured, own=100_000, moved=100_000, cwnd=500_000, sent=500_000):
+        return rec(
+            i,
+            "P->MD",
+            101.0,
+            kv_link="wan",
+            predicted_wan_s=predicted,
+            kv_transfer_s=measured,
+            wan_own_bytes=own,
+            kv_bytes=moved,
+            wan_cwnd_bytes=cwnd,
+            kv_cwnd_bytes=sent,
+            kv_retransmits=0,
+        )
+
+    records = [
+        wan(0, 1.0, 0.1, own=1_000_000),  # predicted for ten times the bytes
+        wan(1, 0.1, 0.3, cwnd=800_000, sent=100_000),  # another connection's window
+        wan(2, 0.1, 0.1),
+        wan(3, 0.11, 0.1),
+        wan(4, 0.1, 0.1, own=105_000, cwnd=600_000),  # within 10% / 1.5x: right
+    ]
+    run = RunData(
+        path=None, scenario={}, systems={"pdd": SystemRun("pdd", pd.DataFrame(records), {})}
+    )
+    err = ttft.prediction_error(run).iloc[0]
+    assert err["bytes_miss_share"] == pytest.approx(0.2)
+    assert err["window_miss_share"] == pytest.approx(0.2)
+    assert err["error_p95"] > 2 and 0.05 < err["error_p95_inputs_right"] <= 0.1
+    older = pd.DataFrame(records).drop(columns=["wan_cwnd_bytes"])  # a run before the column
+    run = RunData(path=None, scenario={}, systems={"pdd": SystemRun("pdd", older, {})})
+    err = ttft.prediction_error(run).iloc[0]
+    assert pd.isna(err["window_miss_share"]) and err["bytes_miss_share"] == pytest.approx(0.2)
