@@ -8,13 +8,7 @@ transfer requests for that room instead of one. It marks a P->MD room
 request, which crosses the WAN (a round trip, plus main decode's scheduling); the KV
 waits in prefill's pool, and the request, when it comes, gets every chunk so far. SGLang
 waits for the decode first because an RDMA write needs its addresses; a TCP transfer
-does not. Bits 44-59 may name the pooled KV connection the router's WAN model gave
-the transfer (its decode-side port, ``conn_port``): decode takes that one if it is
-idle, else its warmest, so the window the model predicted with is the one the
-transfer gets (default run 091145: two requests routed in the same millisecond
-reached decode in the other order and took each other's windows, 787 KB and 108 KB;
-both predictions were 70-130% off). Rooms are otherwise random (below bit 44), as
-SGLang's own routers make them.
+does not. Rooms are otherwise random (below bit 61), as SGLang's own routers make them.
 
 Two rid prefixes tell the plugin what a request is for: main decode parks a
 ``PARK_PREFIX`` request until the handoff, and prefill caches an ``ALIGN_PREFIX``
@@ -27,27 +21,17 @@ import random
 
 DUAL_PATH_BIT = 1 << 62
 EARLY_START_BIT = 1 << 61
-CONN_SHIFT = 44  # bits 44-59: the decode-side port of the connection to take (0: any)
-ROOM_BITS = 44
+ROOM_BITS = 61
 PARK_PREFIX = "pdd-md-"  # MD's request of a relayed pipeline: parked until the handoff
 ALIGN_PREFIX = "pdd-align-"  # P caches this exchange (DRC alignment)
 RESERVED_PREFIXES = (PARK_PREFIX, ALIGN_PREFIX)
 
 
 def new_room(
-    dual_path: bool = False,
-    early_start: bool = False,
-    rng: random.Random | None = None,
-    conn_port: int = 0,
+    dual_path: bool = False, early_start: bool = False, rng: random.Random | None = None
 ) -> int:
     room = (rng or random).getrandbits(ROOM_BITS) | 1  # never 0: SGLang reads 0 as "unset"
-    room |= (conn_port & 0xFFFF) << CONN_SHIFT
     return room | (DUAL_PATH_BIT if dual_path else 0) | (EARLY_START_BIT if early_start else 0)
-
-
-def conn_port(room: int | None) -> int:
-    """The decode-side port of the pooled connection the router gave ``room`` (0: any)."""
-    return (room >> CONN_SHIFT) & 0xFFFF if room else 0
 
 
 def is_dual_path(room: int | None) -> bool:

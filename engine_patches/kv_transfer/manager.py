@@ -194,13 +194,11 @@ class TcpKVManager(BaseKVManager):
         ).start()
 
     # -- decode side: the connection pool -----------------------------------------
-    def checkout(self, addr: str, port: int = 0) -> socket.socket | None:
-        """The idle connection to ``addr`` on local ``port`` if there is one (the one the
-        router's WAN model gave the transfer: ``protocol.rooms.conn_port``), else the
-        warmest: the largest congestion window its sender reported (its Window frame
-        once it came, else its Done frame's; the most recently returned among equals).
-        Only those idle less than ``pool_reuse``; those idle longer, or closed, are
-        dropped."""
+    def checkout(self, addr: str) -> socket.socket | None:
+        """The warmest idle connection to ``addr``: the largest congestion window its
+        sender reported (its Window frame once it came, else its Done frame's; the most
+        recently returned among equals), idle less than ``pool_reuse``; those idle
+        longer, or closed, are dropped."""
         now = time.monotonic()
         chosen, dropped = None, []
         with self._lock:
@@ -214,9 +212,9 @@ class TcpKVManager(BaseKVManager):
                     dropped.append(sock)
                 else:
                     kept.append((sock, since, window))
-            idle[:] = sorted(kept, key=lambda c: (port and _local_port(c[0]) == port, *_warmth(c)))
+            idle[:] = sorted(kept, key=_warmth)
             if idle:
-                chosen = idle.pop()[0]  # the one asked for, else the warmest
+                chosen = idle.pop()[0]  # the warmest
         for sock in dropped:
             sock.close()
         return chosen
@@ -286,14 +284,6 @@ class TcpKVManager(BaseKVManager):
                     del self._closed[room]
         for incoming in expired:
             incoming.conn.close()
-
-
-def _local_port(sock: socket.socket) -> int:
-    try:
-        name = sock.getsockname()
-    except OSError:
-        return 0
-    return name[1] if isinstance(name, tuple) else 0
 
 
 def _warmth(idle: tuple[socket.socket, float, int]) -> tuple[int, float]:

@@ -34,7 +34,6 @@ from protocol.frames import (
 )
 from protocol.kv import Done, KvChunkHeader, TransferRequest, crc32, max_chunk_body
 from protocol.records import TransferRecord
-from protocol.rooms import conn_port
 from protocol.tcp import configure_socket, stamp_arrivals
 
 logger = logging.getLogger("pdd.kv_transfer")
@@ -173,8 +172,7 @@ class TcpKVReceiver(BaseKVReceiver):
     def _connect(self, attempt: int) -> bool:
         """A pooled connection on the first attempt if there is one; True if reused."""
         timeouts = self.kv_mgr.timeouts
-        port = conn_port(self.room)  # the pooled connection the router gave the transfer
-        sock = self.kv_mgr.checkout(self.bootstrap_addr, port) if attempt == 0 else None
+        sock = self.kv_mgr.checkout(self.bootstrap_addr) if attempt == 0 else None
         if sock is None:
             host, port = self.bootstrap_addr.rsplit(":", 1)
             sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)

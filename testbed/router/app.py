@@ -24,7 +24,6 @@ import json
 import logging
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from aiohttp import ClientError, web
 
@@ -219,7 +218,6 @@ class Router:
             record.room = new_room(
                 dual_path=route.pipeline == Pipeline.P_RLD_MD,
                 early_start=route.pipeline == Pipeline.P_MD,
-                conn_port=_conn_port(route),
             )
         self._on_wan(route, record)
         busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
@@ -338,13 +336,3 @@ class Router:
         crosses = route.prefill is not None and route.kv_server.site != route.prefill.site
         if crosses and route.wan.own_bytes and self.policy.wan is not None:
             self.policy.wan.start(record.room, route.wan.own_bytes)
-
-
-def _conn_port(route: Route) -> int:
-    """The decode-side port of the pooled KV connection the WAN model gave the transfer,
-    where that connection is the receiver's (0: decode takes its warmest)."""
-    conn = route.wan.conn if route.wan is not None else None
-    if not conn or route.kv_server is None:
-        return 0
-    host, _, port = conn.rpartition(":")
-    return int(port) if host == urlsplit(route.kv_server.url).hostname else 0

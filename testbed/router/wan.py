@@ -91,7 +91,6 @@ class WanPrediction:
     goodput_bytes_s: float  # bytes per second one transfer achieves alone
     seconds: float  # predicted first-to-last-byte time of this transfer
     cwnd_bytes: int = 0  # the congestion window the model gave its connection
-    conn: str | None = None  # which connection (its decode end, "ip:port"), where known
 
 
 @dataclass
@@ -113,7 +112,6 @@ class _Outstanding:
     window: Congestion  # its connection's when it started
     cap: float = float("inf")  # its rate alone on a lossy line (its window's)
     promised_to: int | None = None  # the transfer routed after it given its connection
-    conn: str | None = None  # its connection, where the model knew which it gave
 
 
 class WanLine:
@@ -235,12 +233,12 @@ class WanLine:
         decode's checkout, prefill's compute, the first byte's way across."""
         return statistics.median(self.lags) if self.lags else 0.0
 
-    def _window(self, now: float, taker: int | None = None) -> tuple[Congestion, str | None]:
-        """The congestion window the next transfer's connection has, and which one it is
-        where known (``taker``: the transfer that checks it out). Decode takes the one
-        the router names (``protocol.rooms.conn_port``), else the warmest, when its
-        request reaches it, ``lead_s`` after routing: one idle now and still reusable,
-        or one of a transfer the model sees ending by then; without any, a new one."""
+    def _window(self, now: float, taker: int | None = None) -> Congestion:
+        """The congestion window the next transfer's connection has (``taker``: the
+        transfer that checks it out). Decode takes the warmest idle connection when its
+        request reaches it, ``lead_s`` after routing: one idle now and still reusable, or
+        one of a transfer the model sees ending by then; without any, a new
+        connection's."""
         self.pool = [c for c in self.pool if now - c.since < self.pool_reuse_s]
         at_checkout = self._at(now + self.lead_s)
         freed = [
@@ -254,12 +252,12 @@ class WanLine:
         if grown and (best_idle is None or grown.cwnd > best_idle.window.cwnd):
             if taker is not None:
                 best_freed.promised_to = taker
-            return grown, best_freed.conn
+            return grown
         if best_idle is None:
-            return Congestion(), None
+            return Congestion()
         if taker is not None:
             self.pool.remove(best_idle)
-        return best_idle.window, best_idle.conn
+        return best_idle.window
 
     def _grown(self, window: Congestion, nbytes: float) -> Congestion:
         """The model's guess of a window after carrying ``nbytes``: on a lossless line,
@@ -275,9 +273,9 @@ class WanLine:
     def predict(self, own_bytes: int) -> WanPrediction:
         """The model's first-to-last-byte time of ``own_bytes`` starting now."""
         now = self.clock()
-        queued, (window, conn) = round(self.backlog(now)), self._window(now)
+        queued, window = round(self.backlog(now)), self._window(now)
         if not own_bytes:
-            return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd), conn)
+            return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd))
         nbytes = own_bytes * self.framing.value
         # those still on the line when this transfer's first byte comes share it
         shared = sum(min(o.left, nbytes) for o in self._at(now + self.lag_s))
@@ -286,13 +284,13 @@ class WanLine:
         share = self.rate * nbytes / (nbytes + shared)
         spread = jitter_spread_s(nbytes, share, self.jitter)
         seconds = self._flow(nbytes, share, window).extra_s + line_s + spread
-        return WanPrediction(queued, own_bytes, self.goodput, seconds, round(window.cwnd), conn)
+        return WanPrediction(queued, own_bytes, self.goodput, seconds, round(window.cwnd))
 
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())
-        window, conn = self._window(self._as_of, taker=room)
+        window = self._window(self._as_of, taker=room)
         nbytes = round(nbytes * self.framing.value)
-        item = _Outstanding(nbytes, float(nbytes), self._as_of, window, conn=conn)
+        item = _Outstanding(nbytes, float(nbytes), self._as_of, window)
         if self.loss:  # past its loss-free run it drains no faster than alone
             alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput
             item.cap = nbytes / alone_s
@@ -320,7 +318,7 @@ class WanLine:
         # decode checked one out for it (else decode took another, and it idles now).
         taker = self.outstanding.get(item.promised_to) if item.promised_to is not None else None
         if taker is None or record.end > taker.started + self.lead_s:
-            window, conn, rank = self.ended.pop(room, (window, item.conn, window.cwnd))
+            window, conn, rank = self.ended.pop(room, (window, None, window.cwnd))
             self._returned(_Idle(room, window, self._as_of, rank, conn))
         self._forget_ended()
         first, end = record.wire_end - record.seconds, record.wire_end

@@ -14,7 +14,7 @@ from engine_patches.handoff.register import TARGETS
 from protocol.env import Env
 from protocol.frames import HEADER, MsgType, send_frame
 from protocol.handoff import Extended, Handoff, Ready
-from protocol.rooms import conn_port, is_dual_path, legs_expected, new_room, starts_early
+from protocol.rooms import is_dual_path, legs_expected, new_room
 
 
 def test_a_handoff_frame_is_four_bytes_per_token_plus_a_fixed_header():
@@ -34,9 +34,6 @@ def test_dual_path_rooms_expect_two_destinations():
     assert not is_dual_path(plain) and legs_expected(plain) == 1
     assert is_dual_path(dual) and legs_expected(dual) == 2
     assert plain > 0 and dual < 2**63  # fits SGLang's signed 64-bit room
-    named = new_room(dual_path=True, early_start=True, conn_port=51214)
-    assert conn_port(named) == 51214 and is_dual_path(named) and starts_early(named)
-    assert conn_port(plain) == conn_port(None) == 0 and named < 2**63
 
 
 def test_handoff_and_alignment_hook_targets_exist():

@@ -267,33 +267,6 @@ def test_decode_reuses_its_warmest_idle_connection_and_drops_stale_and_closed_on
         b.close()
 
 
-def test_decode_takes_the_pooled_connection_the_router_named_else_its_warmest():
-    """The router's WAN model names the connection it predicted with (its decode-side
-    port, in the room: ``protocol.rooms.conn_port``); decode takes that one while it is
-    idle, whatever its window, and its warmest when it is not. Real TCP connections on
-    loopback, so each has its own port; the stand-in holds only the pool's state."""
-    import threading
-
-    from engine_patches.kv_transfer.manager import TcpKVManager, Timeouts
-    from protocol.rooms import conn_port, new_room
-
-    pool = type("Pool", (), {})()
-    pool._lock, pool._idle = threading.Lock(), {}
-    pool.timeouts = Timeouts(pool_reuse=30.0)
-    listener = socket.create_server(("127.0.0.1", 0))
-    conns = [socket.create_connection(listener.getsockname()) for _ in range(3)]
-    accepted = [listener.accept()[0] for _ in conns]
-    cold, warm, warmer = conns
-    for sock, window in ((cold, 14_480), (warm, 500_000), (warmer, 900_000)):
-        TcpKVManager.checkin(pool, "p:1", sock, window=window)
-    room = new_room(dual_path=True, conn_port=cold.getsockname()[1])
-    assert TcpKVManager.checkout(pool, "p:1", conn_port(room)) is cold
-    assert TcpKVManager.checkout(pool, "p:1", conn_port(room)) is warmer  # no longer idle
-    assert TcpKVManager.checkout(pool, "p:1", 0) is warm
-    for sock in conns + accepted + [listener]:
-        sock.close()
-
-
 def test_clear_right_after_success_leaves_the_connection_to_its_next_request():
     """SGLang polls Success and at once clear()s the sender, while the sender's thread
     is still writing its record before it hands the connection back for the next

@@ -68,28 +68,3 @@ def test_a_records_late_prefill_answer_is_awaited_never_cut(tmp_path):
     assert answer.done() and not answer.cancelled()
     written = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
     assert written["cached_tokens_prefill"] == 7
-
-
-def test_the_room_names_the_pooled_connection_only_where_it_is_the_receivers():
-    """The WAN model's connection goes into the room as its decode-side port
-    (protocol.rooms.conn_port), but only where that connection ends at the server the
-    KV goes to: another main decode's port would name nothing, or the wrong one."""
-    from testbed.router.app import _conn_port
-    from testbed.router.config import ServerEntry
-    from testbed.router.wan import WanPrediction
-
-    md = ServerEntry(
-        name="md", url="http://10.0.2.10:30000", role="main_decode", host="md", site="B"
-    )
-    rld = ServerEntry(
-        name="rld", url="http://10.0.1.20:3000", role="relay_decode", host="r", site="A"
-    )
-
-    def port(conn, stream_from=md, main_decode=None) -> int:
-        wan = WanPrediction(0, 1000, 1e6, 0.1, 500_000, conn)
-        return _conn_port(Route(Pipeline.P_MD, "", stream_from, None, main_decode, wan))
-
-    assert port("10.0.2.10:40001") == 40001
-    assert port("10.0.2.10:40001", stream_from=rld, main_decode=md) == 40001  # MD's leg
-    assert port("10.0.2.11:40001") == 0  # another host's connection
-    assert port(None) == 0 and _conn_port(Route(Pipeline.P_MD, "", md, None)) == 0

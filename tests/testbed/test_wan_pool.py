@@ -213,27 +213,3 @@ def test_the_pool_holds_one_entry_per_connection_the_senders_log_names():
     assert [(c.conn, c.window.cwnd) for c in line.pool] == [(conn, 200_000)]
     expected = slow_start_s(MB, rate, rtt, 200_000) + MB / line.goodput
     assert line.predict(MB).seconds == pytest.approx(expected)
-
-
-def test_the_model_names_the_connection_it_predicted_with_so_decode_takes_that_one():
-    """Two transfers routed in the same moment: the model gives the first the warmest
-    pooled connection and the second the next, and names each (its decode end, as the
-    senders' logs did) so that decode takes those, whichever request reaches it first
-    (default run 091145: they arrived in the other order and swapped a 787 KB and a
-    108 KB window). A connection no sender's log named yet is not named; the room then
-    says nothing and decode takes its warmest."""
-    line, clock = two_routed()
-    for room, cwnd, conn in ((1, 800_000, "10.0.2.10:40001"), (2, 100_000, "10.0.2.10:40002")):
-        done = dict(cwnd_end_bytes=cwnd, told_cwnd_bytes=cwnd)
-        line.settle(room, settled(room, MB, 1.0, end=clock.now, **done))
-        line.sender_end(room, replace(settled(room, MB, 1.0, **done), peer=conn))
-    first = line.predict(MB)
-    assert (first.conn, first.cwnd_bytes) == ("10.0.2.10:40001", 800_000)
-    line.start(room=3, nbytes=MB)
-    second = line.predict(MB)
-    assert (second.conn, second.cwnd_bytes) == ("10.0.2.10:40002", 100_000)
-    line.start(room=4, nbytes=MB)
-    assert line.predict(MB).conn is None  # a new connection: decode's choice
-    clock.now += 2.0  # room 3 ends: its connection comes back, still the one named
-    line.settle(3, settled(3, MB, 1.0, end=clock.now, cwnd_end_bytes=850_000))
-    assert [c.conn for c in line.pool] == ["10.0.2.10:40001"]
