@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from protocol import clock
 from protocol.names import HandoffMode, Pipeline
 from protocol.records import RequestRecord
 from protocol.rooms import align_rid, new_room
@@ -24,7 +23,6 @@ from testbed.router.config import PddConfig
 from testbed.router.mirror import PrefixMirror
 from testbed.router.policies import Route
 from testbed.router.upstream import Upstream
-from testbed.router.wan import WanLine
 
 logger = logging.getLogger("pdd.router")
 FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-op
@@ -33,15 +31,8 @@ FAKE_BOOTSTRAP_HOST = "2.2.2.2"  # SGLang's: prefill runs, its transfer is a no-
 class AfterRequest:
     """DRC alignment and the MD prefix mirror, after each request of a pdd router."""
 
-    def __init__(
-        self,
-        pdd: PddConfig,
-        mirror: PrefixMirror,
-        upstream: Upstream | None,
-        line: WanLine | None = None,
-    ) -> None:
+    def __init__(self, pdd: PddConfig, mirror: PrefixMirror, upstream: Upstream | None) -> None:
         self.pdd, self.mirror, self.upstream = pdd, mirror, upstream
-        self.line = line  # the WAN line's model: when a transfer still on it is due to end
         # session → done once P caches the session's last exchange (set when the
         # request starts, so a next turn sent the moment the stream ends still waits)
         self.pending: dict[str, asyncio.Future] = {}
@@ -104,12 +95,6 @@ class AfterRequest:
         ``ready_at``; ``remember`` or ``forget`` follows."""
         exchange = list(body["input_ids"]) + list(ids)
         self.mirror.expect(exchange[:-1], session, len(body["input_ids"]) + held, ready_at)
-
-    def kv_lands_at(self, room: int) -> float:
-        """When ``room``'s KV transfer to MD is expected to end (now if the line's model
-        no longer has it on the line)."""
-        end = self.line.expected_end(room) if self.line is not None else None
-        return clock.now() if end is None else end
 
     def forget(self, body: dict, session: str | None, ids: list[int]) -> None:
         """The exchange (prompt + ``ids``) ``expect`` announced will not be in MD's cache."""

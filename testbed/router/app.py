@@ -86,7 +86,7 @@ class Router:
         self.relayed: RelayedPipeline | None = None
         if isinstance(self.policy, PddPolicy):
             pdd = self.policy.pdd
-            self.after = AfterRequest(pdd, self.policy.mirror, self.upstream, self.policy.wan)
+            self.after = AfterRequest(pdd, self.policy.mirror, self.upstream)
             self.relayed = RelayedPipeline(
                 pdd,
                 self.upstream,

@@ -59,11 +59,6 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     log = req.route.main_decode.transfer_log
-    # MD holds the exchange once the KV has landed, it extended the eager tokens and
-    # decoded the last one: about two of its steps after the KV (the mirror expects it)
-    step = req.p.loads.itl.get(req.route.main_decode.name, 0.0)
-    landed = clock.now() if req.ready.done() else req.p.after.kv_lands_at(req.record.room)
-    req.p.after.expect(req.body, req.record.session_id, tokens, 0, landed + 2 * step)
     try:
         while not req.ready.done():  # MD holds the KV, its transfer failed, or time is up
             failed = req.p.transfers.peek(req.record.room, log) if log else None
@@ -73,6 +68,13 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
                 raise TimeoutError(f"main decode did not hold the KV within {timeout:.0f} s")
             await asyncio.wait({req.ready}, timeout=0.25)
         req.ready.result()
+        # MD holds the KV: it holds the exchange once it extended the eager tokens and
+        # decoded the last one, about two of its steps from now (the mirror expects it;
+        # not before the KV landed: a next turn routed P->MD on a KV landing late pays
+        # its whole transfer, default run 115030: 849 tokens predicted as 17, 2.8 s)
+        step = req.p.loads.itl.get(req.route.main_decode.name, 0.0)
+        ready_at = clock.now() + 2 * step
+        req.p.after.expect(req.body, req.record.session_id, tokens, 0, ready_at)
         if req.inflight is not None:  # a catch-up batch MD is still extending
             await req.inflight
         # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed).

@@ -207,16 +207,6 @@ class WanLine:
         self._advance(items, self._as_of, t)
         return items
 
-    def expected_end(self, room: int) -> float | None:
-        """When the model expects ``room``'s transfer to end (None: not on the line)."""
-        self._drain(now := self.clock())
-        if room not in self.outstanding:
-            return None
-        begins = max(now, self.outstanding[room].started + self.lag_s)
-        at = dict(zip(self.outstanding, self._at(begins), strict=True))
-        left = at.pop(room).left
-        return begins + (left + sum(min(o.left, left) for o in at.values())) / self.goodput
-
     def backlog(self, now: float | None = None) -> float:
         """Bytes still on the line (queued or in flight), drained to ``now``."""
         self._drain(self.clock() if now is None else now)

@@ -63,21 +63,6 @@ def test_transfers_share_the_line_and_drain_together():
     assert line.backlog() == pytest.approx(9 * MB, rel=1e-6)
 
 
-def test_a_transfer_on_the_line_is_expected_to_end_when_its_share_has_drained():
-    """When MD will hold a settling request's KV (the prefix mirror expects its exchange
-    then): the transfer's bytes, and the others' it shares the line with, at the goodput."""
-    clock = Clock()
-    line = WanLine(rate_bytes_s=10 * MB, clock=clock)
-    line.start(1, 2 * MB)
-    line.start(2, 20 * MB)
-    assert line.expected_end(1) == pytest.approx(clock.now + 0.4)  # 5 MB/s each
-    assert line.expected_end(2) == pytest.approx(clock.now + 2.2)  # all 22 MB at 10 MB/s
-    clock.now += 0.4
-    assert line.expected_end(2) == pytest.approx(clock.now + 1.8)  # alone now: 18 MB left
-    line.settle(2, settled(2, 20 * MB, 2.2))
-    assert line.expected_end(2) is None  # ended: not on the line
-
-
 def test_a_settled_transfer_leaves_the_backlog():
     clock = Clock()
     line = WanLine(rate_bytes_s=10 * MB, clock=clock)
