@@ -270,3 +270,69 @@ def test_an_exchange_md_is_finishing_counts_once_the_next_turn_reaches_md_after_
     assert after.remember(p.choose(first, Loads()), first, "s", output) is None
     assert p.mirror.expected == {}  # MD ended it: learned for good, for every session
     assert p.mirror.predicted_hit(follow["input_ids"], "t") == 2199
+
+
+@pytest.mark.parametrize("md_agrees", [True, False])
+def test_a_settle_is_expected_in_mds_cache_only_once_md_holds_its_kv(monkeypatch, md_agrees):
+    """Relay decode finished the turn before MD held its KV: the settle gives MD the
+    eager tokens once it does. Expected from the predicted landing, a next turn routed
+    while the KV was late went P->MD and waited 2.8 s (default run 115030); so nothing
+    is expected until MD holds the KV, then the exchange, which MD ending it confirms
+    and a disagreeing MD withdraws. The request and MD's stream are stand-ins (the real
+    servers' settle runs in tests/testbed/test_pdd.py)."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    import testbed.router.settle as settle_module
+    from protocol.stream import Chunk
+    from testbed.router.after import AfterRequest
+
+    p = policy(direct_wan_bound_s=0.1)
+    first, tokens = body(2000), [9] * 50
+    answer = tokens if md_agrees else [8] * 50
+    md_answers = asyncio.Event()
+
+    async def md_stream(_):
+        await md_answers.wait()
+        data = {"output_ids": answer, "meta_info": {"completion_tokens": len(answer)}}
+        data["meta_info"]["finish_reason"] = {"type": "length"}
+        yield Chunk.parse(f"data: {json.dumps(data)}")
+
+    async def handoff(batch, final):
+        return 0
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        md = loop.create_future()
+        md.set_result(None)
+        req = SimpleNamespace(
+            p=SimpleNamespace(
+                pdd=PddConfig(settle_timeout_s=5),
+                loads=Loads(),
+                after=AfterRequest(PddConfig(), p.mirror, None),
+            ),
+            route=SimpleNamespace(main_decode=SimpleNamespace(name="md", transfer_log=None)),
+            record=SimpleNamespace(room=1, session_id="s"),
+            ready=loop.create_future(),
+            inflight=None,
+            handed=0,
+            md=md,
+            body=first,
+            channel=SimpleNamespace(handoff=handoff, extend_seen=lambda: None),
+            release=lambda: None,
+        )
+        settling = asyncio.create_task(settle_module.settle(req, tokens))
+        await asyncio.sleep(0.3)
+        assert p.mirror.expected == {}  # the KV is still on its way
+        req.ready.set_result(None)
+        await asyncio.sleep(0.05)
+        assert len(p.mirror.expected["s"].ids) == 2049  # MD holds the KV: expected
+        md_answers.set()
+        await settling
+        assert p.mirror.expected == {}  # confirmed (learned) or withdrawn
+        follow = first["input_ids"] + tokens + [7] * 10
+        assert p.mirror.predicted_hit(follow, "s") == (2049 if md_agrees else 0)
+
+    monkeypatch.setattr(settle_module, "chunks", md_stream)
+    asyncio.run(scenario())
