@@ -83,7 +83,8 @@ def prediction_error(run: RunData) -> pd.DataFrame:
     Where the model's inputs were wrong: ``bytes_miss_share``, transfers whose bytes
     were over 10% off what crossed (the router's mirror of MD's cache), and
     ``window_miss_share``, transfers whose connection started with a window over 1.5x
-    off the model's (decode took another pooled connection than the model gave it);
+    off the model's (decode took another pooled connection, or the model's view of
+    that one was stale);
     ``error_p95_inputs_right``: the P95 over transfers with neither and no
     retransmission — what the line model itself misses."""
     rows = []

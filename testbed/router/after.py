@@ -93,17 +93,17 @@ class AfterRequest:
         """MD is finishing the exchange (prompt + ``ids``) after relay decode ended the
         client's stream: it holds the prompt and ``held`` of ``ids`` now, all from
         ``ready_at``; ``remember`` or ``forget`` follows."""
-        exchange = list(body["input_ids"]) + list(ids)
-        self.mirror.expect(exchange[:-1], session, len(body["input_ids"]) + held, ready_at)
+        held += len(body["input_ids"])
+        self.mirror.expect(_cached(_exchange(body, ids)), session, held, ready_at)
 
     def forget(self, body: dict, session: str | None, ids: list[int]) -> None:
         """The exchange (prompt + ``ids``) ``expect`` announced will not be in MD's cache."""
-        self.mirror.forget((list(body["input_ids"]) + list(ids))[:-1], session)
+        self.mirror.forget(_cached(_exchange(body, ids)), session)
 
     def remember(self, route: Route, body: dict, session: str | None, ids: list[int]):
         """MD now caches prompt + output: tell the mirror, and have P cache it too."""
-        exchange = list(body["input_ids"]) + list(ids)
-        self.mirror.add(exchange[:-1], session)  # the last token has no KV
+        exchange = _exchange(body, ids)
+        self.mirror.add(_cached(exchange), session)
         if not self.pdd.align_prefill_cache or self.upstream is None:
             return None
         return asyncio.create_task(self._cache_on_prefill(route, exchange))
@@ -122,3 +122,13 @@ class AfterRequest:
                 await r.read()
         except Exception as exc:  # an optimisation off every client's path: log it
             logger.warning("aligning P's cache (room %s): %r", room, exc)
+
+
+def _exchange(body: dict, ids: list[int]) -> list[int]:
+    """A request's prompt and output: the next turn's prompt starts with it."""
+    return list(body["input_ids"]) + list(ids)
+
+
+def _cached(exchange: list[int]) -> list[int]:
+    """What MD's cache holds of an exchange it ended: all but the last token (no KV)."""
+    return exchange[:-1]

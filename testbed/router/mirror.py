@@ -83,8 +83,8 @@ class PrefixMirror:
     def forget(self, tokens: list[int], session: str | None) -> None:
         """MD will not hold ``tokens``, which ``expect`` announced (its drain or settle
         failed); a later exchange of the session expected since stays."""
-        held = self.expected.get(session or "")
-        if held is not None and np.array_equal(held.ids, np.asarray(tokens)[: len(held.ids)]):
+        entry = self.expected.get(session or "")
+        if entry is not None and np.array_equal(entry.ids, np.asarray(tokens)[: len(entry.ids)]):
             del self.expected[session]
 
     def add(self, tokens: list[int], session: str | None, shared: bool = True) -> None:
