@@ -10,7 +10,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from protocol.records import write_atomic
-from reports import hetero, plots, summary, ttft
+from reports import hetero, itl, plots, summary, ttft
 from reports.harness import harness
 from reports.run_data import RunData, load_run
 from reports.sweeps import confidence, knee
@@ -27,6 +27,7 @@ EMPTY = {
     "plan": "No trace in the run directory to plan for.",
     "sensitivity": "No sensitivity table in this run (runs before it, or nothing to plan).",
     "bathtub": "No completed requests to measure.",
+    "itl_while_kv_lands": "No streamed tokens to measure.",
 }
 
 
@@ -47,6 +48,7 @@ def build(run: RunData) -> str:
     html_tables = {k: _html(v, k) for k, v in tables.items()}
     html_tables["latency_ttft"] = _html(lat[ttft_cols], "latency")
     html_tables["latency_rest"] = _html(lat[rest_cols], "latency")
+    html_tables["itl_while_kv_lands"] = _html(itl.while_kv_lands(run), "itl_while_kv_lands")
     html_tables["link_check"] = _html(pd.DataFrame(link_rows), "link_check")
     parts = ttft.breakdown(run)
     html_tables["ttft_parts"] = _html(parts, "ttft_parts")
