@@ -13,14 +13,11 @@ tail came from main decode's other passes, not from the KV it received).
 
 from __future__ import annotations
 
-import bisect
-
 import numpy as np
 import pandas as pd
 
+from protocol.names import Pipeline
 from reports.run_data import RunData
-
-RELAYED = "P->RLD->MD"
 
 
 def _landing(records: pd.DataFrame) -> dict[str, list[tuple[float, float]]]:
@@ -34,13 +31,7 @@ def _landing(records: pd.DataFrame) -> dict[str, list[tuple[float, float]]]:
     ):
         if end > start:
             spans.setdefault(server, []).append((float(start), float(end)))
-    return {k: sorted(v) for k, v in spans.items()}
-
-
-def _overlaps(spans: list[tuple[float, float]], starts: list[float], a: float, b: float) -> bool:
-    """Whether any span (sorted by start) overlaps the open interval (a, b)."""
-    i = bisect.bisect_left(starts, b)  # spans starting before b
-    return any(end > a for _, end in spans[max(0, i - 64) : i])
+    return spans
 
 
 def _main_decode_gaps(r) -> list[tuple[float, float]]:
@@ -48,11 +39,10 @@ def _main_decode_gaps(r) -> list[tuple[float, float]]:
     all of them, or for a relayed request those after relay decode stopped."""
     times = list(r.token_times) if r.token_times is not None else []
     pairs = list(zip(times[:-1], times[1:], strict=False))
-    if getattr(r, "pipeline", None) == RELAYED:
-        stopped = getattr(r, "relay_stopped", None)
-        if stopped is None or pd.isna(stopped):
+    if r.pipeline == Pipeline.P_RLD_MD:
+        if r.relay_stopped is None or pd.isna(r.relay_stopped):
             return []
-        pairs = [(a, b) for a, b in pairs if a >= stopped]
+        pairs = [(a, b) for a, b in pairs if a >= r.relay_stopped]
     return pairs
 
 
@@ -65,15 +55,14 @@ def while_kv_lands(run: RunData) -> pd.DataFrame:
         r = s.records
         if r.empty or "token_times" not in r:
             continue
-        ok = r[r["status"] == "ok"] if "status" in r else r
+        ok = r[r["status"] == "ok"]
         spans = _landing(ok)
-        starts = {k: [a for a, _ in v] for k, v in spans.items()}
         during: list[float] = []
         outside: list[float] = []
         for rec in ok.itertuples(index=False):
             mine = spans.get(rec.decode_server, [])
             for a, b in _main_decode_gaps(rec):
-                hit = bool(mine) and _overlaps(mine, starts[rec.decode_server], a, b)
+                hit = any(start < b and end > a for start, end in mine)
                 (during if hit else outside).append(b - a)
         row = {"system": name}
         for label, gaps in (("while_kv_lands", during), ("otherwise", outside)):
