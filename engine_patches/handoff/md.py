@@ -147,13 +147,18 @@ class HandoffService:
         return out
 
     def tick(self) -> None:
+        """Carry out the commands that came, up to one extend forward: the commands
+        after it wait for the next iteration, so the decode batch steps between two
+        rooms' extends instead of waiting out both (a forward leaves a request parked
+        or waiting, so the loop does not idle meanwhile)."""
         while True:
             try:
                 conn, kind, room, body, received = self.commands.get_nowait()
             except queue.Empty:
                 break
             try:
-                self._command(conn, kind, room, body, received)
+                if self._command(conn, kind, room, body, received):
+                    break
             except Exception:  # one bad command must not take the scheduler down
                 logger.exception("handoff: %s for room %d failed", kind.name, room)
                 self._finish(room, "handoff failed on main decode")
@@ -167,7 +172,8 @@ class HandoffService:
             if abort_all or p.req.rid == rid:
                 self._finish(room, "aborted")
 
-    def _command(self, conn, kind: MsgType, room: int, body: bytes, received: float) -> None:
+    def _command(self, conn, kind: MsgType, room: int, body: bytes, received: float) -> bool:
+        """Carry out one command; returns whether it ran an extend forward."""
         parked = self.parked.get(room)
         if kind == MsgType.WATCH:
             if parked is None:
@@ -178,9 +184,9 @@ class HandoffService:
         elif kind == MsgType.HANDOFF:
             if parked is None:  # the KV is still on its way: apply once it is held
                 self.early.setdefault(room, []).append((conn, kind, room, body, received))
-                return
+                return False
             frame = frame_size(len(body))
-            self._handoff(conn, room, parked, Handoff.decode(body), frame, received)
+            return self._handoff(conn, room, parked, Handoff.decode(body), frame, received)
         elif kind == MsgType.RELEASE:
             self.watchers.pop(room, None)
             self.early.pop(room, None)
@@ -188,6 +194,7 @@ class HandoffService:
                 self._finish(room, body.decode(errors="replace") or "released by the router")
         else:
             raise ProtocolError(f"unexpected {kind.name} on the handoff port")
+        return False
 
     def _ready(self, room: int, parked: Parked) -> None:
         req = parked.req
@@ -196,7 +203,7 @@ class HandoffService:
 
     def _handoff(
         self, conn, room: int, parked: Parked, msg: Handoff, frame_bytes: int, received: float
-    ) -> None:
+    ) -> bool:
         start = time.monotonic()
         started_at = clock.now()
         req = parked.req
@@ -241,6 +248,7 @@ class HandoffService:
                 time=clock.now(),
             )
         )
+        return extended > 0
 
     def _finish(self, room: int, reason: str) -> None:
         """End a parked request as aborted; SGLang's normal path frees its KV."""

@@ -13,6 +13,10 @@ final batch (MD takes the request over). PDD.md's rules:
   stream it serves; a catch-up batch carries at most ``catch_up_batch`` tokens;
 - catch-up ends with a final batch once few are pending (``catch_up_done``) or when
   relay decode becomes busy.
+
+A settle (relay decode finished before MD held the KV) hands MD the whole output at
+once, off the client's path; :func:`settle_batches` splits it the same way, so that a
+busy MD never stalls its streams for more than one catch-up batch's extend.
 """
 
 from __future__ import annotations
@@ -105,6 +109,17 @@ def decide(s: HandoffState, k: Knobs) -> Decision:
         # (their acknowledgements share the channel)
         return Decision(Action.WAIT, mode, why="not yet")
     return Decision(Action.BATCH, mode, min(s.pending, k.catch_up_batch), "catch up")
+
+
+def settle_batches(lacking: int, md_others: int, k: Knobs) -> list[int]:
+    """The batch sizes in which a settle hands MD the ``lacking`` tokens, the last one
+    final: bounded by ``catch_up_batch`` while MD serves more than ``md_busy_requests``
+    (counting this request, parked there), else one batch. Each batch is extended
+    before the next is sent, so MD's decode steps run between them."""
+    if lacking <= 0 or md_others + 1 <= k.md_busy_requests:
+        return [max(lacking, 0)]
+    full, rest = divmod(lacking, k.catch_up_batch)
+    return [k.catch_up_batch] * full + ([rest] if rest else [])
 
 
 def pinned_mode(header: str | None) -> HandoffMode | None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from protocol import clock
 from testbed.router.handoff_channel import HandoffError
+from testbed.router.handoff_decision import settle_batches
 from testbed.router.upstream import chunks
 
 if TYPE_CHECKING:
@@ -51,7 +52,8 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
     """Relay decode finished the request before MD held the KV: MD still takes the
     exchange into its prefix cache (DRC), off the client's path. P's transfer runs
     to its end instead of being cut, MD gets all eager tokens but the last (it
-    decodes that one itself: one extend forward, one decode step), and once MD's
+    decodes that one itself: one extend forward, or one per catch-up batch while it
+    serves others, then one decode step), and once MD's
     output equals what the client got, the mirror and P's cache learn the exchange
     like after any request that ended on MD. A session's next turn waits for this
     at most ``turn_wait_s``, as it waits for P's cache after any request."""
@@ -69,16 +71,25 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
             await asyncio.wait({req.ready}, timeout=0.25)
         req.ready.result()
         # MD holds the KV: it holds the exchange once it extended the eager tokens and
-        # decoded the last one, about two of its steps from now (the mirror expects it;
-        # not before the KV landed: a next turn routed P->MD on a KV landing late pays
-        # its whole transfer, default run 115030: 849 tokens predicted as 17, 2.8 s)
+        # decoded the last one, about a step per batch and one more from now (the mirror
+        # expects it; not before the KV landed: a next turn routed P->MD on a KV landing
+        # late pays its whole transfer, default run 115030: 849 tokens predicted as 17).
+        # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed);
+        # in bounded batches while MD serves others (each extend stalls their streams).
+        lacking = tokens[1 + req.handed : -1]
+        md_others = req.p.loads.in_flight[req.route.main_decode.name]
+        sizes = settle_batches(len(lacking), md_others, req.p.knobs)
         step = req.p.loads.itl.get(req.route.main_decode.name, 0.0)
-        ready_at = clock.now() + 2 * step
+        ready_at = clock.now() + (1 + len(sizes)) * step
         req.p.after.expect(req.body, req.record.session_id, tokens, 0, ready_at)
         if req.inflight is not None:  # a catch-up batch MD is still extending
             await req.inflight
-        # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed).
-        await req.channel.handoff(tokens[1 + req.handed : -1], final=True)
+        for i, size in enumerate(sizes):
+            batch, lacking = lacking[:size], lacking[size:]
+            final = i == len(sizes) - 1
+            await req.channel.handoff(batch, final=final)
+            if not final:
+                await req.channel.extended()
         md = await asyncio.wait_for(asyncio.shield(req.md), max(deadline - loop.time(), 1))
         ids: list[int] = []
         async for chunk in chunks(md):

@@ -97,6 +97,38 @@ def test_a_router_channel_stays_open_while_its_rooms_kv_is_on_the_way(monkeypatc
     service.listener.close()
 
 
+def test_main_decode_runs_one_extend_forward_per_scheduler_iteration(monkeypatch):
+    """Two rooms' handoffs queued at once: ``tick`` runs one extend and leaves the other
+    for the next loop iteration, so main decode's batch takes a decode step between
+    them instead of waiting out both. ``extend_parked`` is a stand-in for SGLang's
+    extend forward (what it computes is checked token-exact in test_pdd)."""
+    forwards = []
+
+    def extend(scheduler, req, tokens, through_last=False):
+        req.output_ids.extend(tokens)
+        forwards.append(req.rid)
+        return 7, len(tokens)
+
+    monkeypatch.setattr(md, "extend_parked", extend)
+    scheduler = SimpleNamespace(server_args=SimpleNamespace(host="127.0.0.1"), waiting_queue=[])
+    service = md.HandoffService(scheduler, 0)
+    params = SimpleNamespace(max_new_tokens=100, ignore_eos=True, stop_token_ids=None)
+    for room in (1, 2):
+        req = SimpleNamespace(rid=f"r{room}", output_ids=[5], sampling_params=params)
+        service.parked[room] = md.Parked(req, time.monotonic())
+        body = Handoff((1, 2, 3), final=False).encode()
+        service.commands.put((None, MsgType.HANDOFF, room, body, 0.0))
+    service.commands.put((None, MsgType.RELEASE, 9, b"", 0.0))  # cheap: no forward
+    service.tick()
+    assert forwards == ["r1"] and service.commands.qsize() == 2
+    service.tick()
+    assert forwards == ["r1", "r2"]
+    service.tick()
+    assert service.commands.empty() and forwards == ["r1", "r2"]
+    assert [p.req.output_ids for p in service.parked.values()] == [[5, 1, 2, 3]] * 2
+    service.listener.close()
+
+
 def _until(check, timeout_s: float = 5.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():

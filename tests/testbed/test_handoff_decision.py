@@ -9,6 +9,7 @@ from testbed.router.handoff_decision import (
     Knobs,
     decide,
     pinned_mode,
+    settle_batches,
 )
 
 K = Knobs(catch_up_threshold=64, catch_up_done=8, rld_busy_requests=4, min_remaining_tokens=2)
@@ -86,3 +87,14 @@ def test_a_busy_main_decode_takes_even_a_few_dozen_tokens_in_bounded_batches():
     # the final batch carries everything pending, whatever the batch bound
     end = decide(state(eager=60, handed=52, mode=HandoffMode.CATCH_UP, md_load=5), k)
     assert (end.action, end.tokens) == (Action.FINAL, 7)
+
+
+def test_a_settle_hands_a_busy_main_decode_its_tokens_in_bounded_batches():
+    k = Knobs(md_busy_requests=2, catch_up_batch=16)
+    # MD serves one other request (two with this one, parked there): not busy, one batch
+    assert settle_batches(40, md_others=1, k=k) == [40]
+    # busier: batches of at most 16, the rest last; nothing lost or repeated
+    assert settle_batches(40, md_others=2, k=k) == [16, 16, 8]
+    assert settle_batches(32, md_others=5, k=k) == [16, 16]
+    # nothing lacking (a two-token output): one empty final batch still ends it
+    assert settle_batches(0, md_others=5, k=k) == [0]
