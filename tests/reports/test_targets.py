@@ -54,3 +54,23 @@ def test_an_unpaced_run_also_holds_pdd_to_the_defaults_shape():
     assert table.loc["unpaced: pdd TTFT P99 <= 1.2x same_site_pd", "holds"]
     emulated = targets(run_with(1.5, {"name": "hetero", "emulation": {"dilation": 100}}))
     assert "unpaced: pdd TTFT P99 <= 1.2x same_site_pd" not in set(emulated["target"])
+
+
+def test_pdd_is_held_to_cross_site_pd_at_p90_and_p99_and_the_ratios_carry_intervals():
+    """The low-hit trace's target (pdd no slower than naive cross-site PD at P90 and
+    P99); each latency ratio beside its bootstrap interval."""
+    base = [0.1 * (i + 1) for i in range(20)]
+
+    def run(cross_scale: float) -> pd.DataFrame:
+        data = run_with(1.2, {"name": "mooncake_lowhit"})
+        cross = records("cross_site_pd", [t * cross_scale for t in base])
+        data.systems["cross_site_pd"] = SystemRun("cross_site_pd", cross, {})
+        return targets(data).set_index("target")
+
+    target = "pdd TTFT P90 and P99 <= cross_site_pd"
+    assert run(1.5).loc[target, "holds"]  # cross-site 1.5x same-site, pdd 1.2x
+    slower = run(1.1)
+    assert not slower.loc[target, "holds"]
+    assert "P90 x1.09, P99 x1.09 of cross_site_pd" in slower.loc[target, "measured"]
+    shape = slower.loc["pdd TTFT P90 <= 1.5x and P99 <= 2x same_site_pd", "measured"]
+    assert shape.startswith("P90 x1.20 [x") and "P99 x1.20 [x" in shape
