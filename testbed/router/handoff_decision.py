@@ -113,10 +113,12 @@ def decide(s: HandoffState, k: Knobs) -> Decision:
 
 def settle_batches(lacking: int, md_others: int, k: Knobs) -> list[int]:
     """The batch sizes in which a settle hands MD the ``lacking`` tokens, the last one
-    final: bounded by ``catch_up_batch`` while MD serves more than ``md_busy_requests``
-    (counting this request, parked there), else one batch. Each batch is extended
-    before the next is sent, so MD's decode steps run between them."""
-    if lacking <= 0 or md_others + 1 <= k.md_busy_requests:
+    final. As a handoff would: bounded by ``catch_up_batch`` when more than
+    ``catch_up_threshold`` lack or MD serves more than ``md_busy_requests`` (counting
+    this request, parked there), else one batch. Each batch is extended before the
+    next is sent, so MD's decode steps run between them."""
+    busy = md_others + 1 > k.md_busy_requests
+    if lacking <= 0 or not (lacking > k.catch_up_threshold or busy):
         return [max(lacking, 0)]
     full, rest = divmod(lacking, k.catch_up_batch)
     return [k.catch_up_batch] * full + ([rest] if rest else [])

@@ -90,9 +90,11 @@ def test_a_busy_main_decode_takes_even_a_few_dozen_tokens_in_bounded_batches():
 
 
 def test_a_settle_hands_a_busy_main_decode_its_tokens_in_bounded_batches():
-    k = Knobs(md_busy_requests=2, catch_up_batch=16)
+    k = Knobs(catch_up_threshold=64, md_busy_requests=2, catch_up_batch=16)
     # MD serves one other request (two with this one, parked there): not busy, one batch
     assert settle_batches(40, md_others=1, k=k) == [40]
+    # more than the catch-up threshold lacking: batches even with MD calm
+    assert settle_batches(70, md_others=0, k=k) == [16, 16, 16, 16, 6]
     # busier: batches of at most 16, the rest last; nothing lost or repeated
     assert settle_batches(40, md_others=2, k=k) == [16, 16, 8]
     assert settle_batches(32, md_others=5, k=k) == [16, 16]

@@ -211,6 +211,34 @@ def test_relay_decode_finishing_after_catch_up_batches_settles_only_the_rest(pdd
     assert not pdd.problems()
 
 
+def test_a_long_settle_reaches_main_decode_in_catch_up_batches(pdd, colocated):
+    """Relay decode finished a long output first (its handoff pinned past the end): the
+    settle hands MD more than the catch-up threshold, so it goes in batches of at most
+    ``catch_up_batch``, each extended before the next (one long extend would stall
+    every stream MD serves), and MD still caches the whole exchange token-exact."""
+    rng = random.Random(45)
+    prompt = [rng.randrange(10, 4000) for _ in range(300)]
+    never = {headers.HANDOFF_AT: "100000", headers.HANDOFF_MODE: "one-shot"}
+    first = stream(pdd, prompt, 80, "long-settle", pins=never)
+    assert first == reference_output(colocated, prompt, 80)
+    rec = record_of(pdd, "long-settle")
+    assert rec.handoff_mode == "none" and rec.handoff_tokens == 0
+    deadline = time.monotonic() + 30
+    while not [h for h in handoff_log(pdd) if h.room == rec.room and h.final]:
+        assert time.monotonic() < deadline, "main decode never took the exchange"
+        time.sleep(0.5)
+    sent = [h for h in handoff_log(pdd) if h.room == rec.room]
+    batch = pdd.scenario.pdd.catch_up_batch
+    assert [h.tokens for h in sent] == [batch, len(first) - 2 - batch]  # t2..t(n-1)
+    assert [h.final for h in sent] == [False, True]
+    assert sent[1].received >= sent[0].extended_at  # sent once the first was extended
+    time.sleep(1.0)  # MD decodes the last token; the router learns MD caches it all
+    follow = prompt + first + [rng.randrange(10, 4000) for _ in range(30)]
+    assert stream(pdd, follow, 8, "long-settle", turn=1) == reference_output(colocated, follow, 8)
+    rec = record_of(pdd, "long-settle", turn=1)
+    assert rec.pipeline == "P->MD" and rec.cached_tokens_decode >= len(prompt) + len(first) - 1
+
+
 def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     rng = random.Random(9)
     prompt = [rng.randrange(10, 4000) for _ in range(3000)]  # 24 MB of KV: ~2 s on the WAN
