@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from protocol import headers
@@ -298,5 +299,5 @@ def targets_table(run_dir: Path) -> Table:
         table.add_column(col)
     for _, r in targets(load_run(run_dir)).iterrows():
         holds = {True: "[green]yes[/green]", False: "[red]no[/red]"}.get(r["holds"], "–")
-        table.add_row(r["target"], holds, r["measured"])
+        table.add_row(escape(r["target"]), holds, escape(r["measured"]))
     return table

@@ -3,6 +3,8 @@ two systems' routers would have written."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from protocol.records import RequestRecord
@@ -74,3 +76,21 @@ def test_pdd_is_held_to_cross_site_pd_at_p90_and_p99_and_the_ratios_carry_interv
     assert "P90 x1.09, P99 x1.09 of cross_site_pd" in slower.loc[target, "measured"]
     shape = slower.loc["pdd TTFT P90 <= 1.5x and P99 <= 2x same_site_pd", "measured"]
     assert shape.startswith("P90 x1.20 [x") and "P99 x1.20 [x" in shape
+
+
+def test_the_bench_prints_the_intervals_brackets_and_all(monkeypatch):
+    """The bench's console table is rich markup: an unescaped "[x0.80-x1.63]" would be
+    read as a style tag and vanish from the printed row."""
+    from rich.console import Console
+
+    import reports.run_data
+    import reports.targets
+    from testbed.bench.run import targets_table
+
+    row = {"target": "t [1]", "holds": True, "measured": "P99 x1.27 [x0.80-x1.63]"}
+    monkeypatch.setattr(reports.run_data, "load_run", lambda path: None)
+    monkeypatch.setattr(reports.targets, "targets", lambda run: pd.DataFrame([row]))
+    console = Console(record=True, width=200)
+    console.print(targets_table(Path("unused")))
+    text = console.export_text()
+    assert "P99 x1.27 [x0.80-x1.63]" in text and "t [1]" in text
