@@ -88,8 +88,8 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
             batch, lacking = lacking[:size], lacking[size:]
             final = i == len(sizes) - 1
             await req.channel.handoff(batch, final=final)
-            if not final:
-                await req.channel.extended()
+            if not final:  # MD extended it: the next may go (within the settle's time)
+                await asyncio.wait_for(req.channel.extended(), max(deadline - loop.time(), 1))
         md = await asyncio.wait_for(asyncio.shield(req.md), max(deadline - loop.time(), 1))
         ids: list[int] = []
         async for chunk in chunks(md):
