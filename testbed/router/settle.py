@@ -52,8 +52,8 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
     """Relay decode finished the request before MD held the KV: MD still takes the
     exchange into its prefix cache (DRC), off the client's path. P's transfer runs
     to its end instead of being cut, MD gets all eager tokens but the last (it
-    decodes that one itself: one extend forward, or one per catch-up batch while it
-    serves others, then one decode step), and once MD's
+    decodes that one itself: one extend forward, or one per catch-up batch where a
+    handoff would take batches, then one decode step), and once MD's
     output equals what the client got, the mirror and P's cache learn the exchange
     like after any request that ended on MD. A session's next turn waits for this
     at most ``turn_wait_s``, as it waits for P's cache after any request."""
@@ -75,7 +75,7 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
         # expects it; not before the KV landed: a next turn routed P->MD on a KV landing
         # late pays its whole transfer, default run 115030: 849 tokens predicted as 17).
         # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed);
-        # in bounded batches while MD serves others (each extend stalls their streams).
+        # in bounded batches where a handoff would (each extend stalls MD's streams).
         lacking = tokens[1 + req.handed : -1]
         md_others = req.p.loads.in_flight[req.route.main_decode.name]
         sizes = settle_batches(len(lacking), md_others, req.p.knobs)
