@@ -287,6 +287,7 @@ def test_a_settle_is_expected_in_mds_cache_only_once_md_holds_its_kv(monkeypatch
     import testbed.router.settle as settle_module
     from protocol.stream import Chunk
     from testbed.router.after import AfterRequest
+    from testbed.router.handoff_decision import Knobs
 
     p = policy(direct_wan_bound_s=0.1)
     first, tokens = body(2000), [9] * 50
@@ -309,6 +310,7 @@ def test_a_settle_is_expected_in_mds_cache_only_once_md_holds_its_kv(monkeypatch
         req = SimpleNamespace(
             p=SimpleNamespace(
                 pdd=PddConfig(settle_timeout_s=5),
+                knobs=Knobs(),  # 48 tokens lacking, MD idle: one final batch
                 loads=Loads(),
                 after=AfterRequest(PddConfig(), p.mirror, None),
             ),
