@@ -134,7 +134,10 @@ async def switch_streams(req, rld_stream, close_rld, md_stream) -> bool:
             # queues up and covers the pause (hetero run 075106: served at main decode's
             # pace, the client ran 13 tokens ahead of relay decode, then waited out a
             # 1.29 s extend)
-            cushion = pausing and rld_open and not md_failed
+            # (not while relay decode ends the request anyway: no switch to cover; hetero
+            # run 182143 paced such a request at 1.25x main decode's interval, 143 ms
+            # against relay decode's 82, for a switch that never came)
+            cushion = pausing and rld_open and not md_failed and not rld_ends
             interval = max(pace, itl) if cushion else pace
             if slow and not rld_open and queue:
                 # What is queued must last until main decode has the token after it: the

@@ -201,6 +201,23 @@ def test_relay_decode_that_will_end_the_request_first_is_not_paced_at_main_decod
     assert gaps[48] < 1.5 * 0.03 < 0.1 < gaps[8]
 
 
+def test_relay_decode_that_will_end_the_request_is_not_paced_while_main_decode_is_busy():
+    """As above (relay decode ends the request before main decode could take it over),
+    but another room's batch is pending on main decode all along: its pause needs no
+    cushion, since no switch will come, so the client keeps relay decode's rhythm
+    (hetero run 182143: paced at 1.25x main decode's interval, 143 ms a token against
+    relay decode's 82 ms)."""
+    req = Request(itl_s=0.03)
+    req.p.pdd = PddConfig(switch_pace=1.25, switch_tokens=4, switch_limit_tokens=48)
+    req.p.loads.learn_itl("md", [i * 0.1 for i in range(10)], switched=False)
+    req.p.loads.extending["md"] += 1  # another room's batch, never extended meanwhile
+    assert run(req, stream(EAGER + 1, 0.03), stream(EAGER - 2, 0.1))  # ended on relay
+    assert req.tokens == [100 + i for i in range(TOTAL)]
+    # past the first gap (the stand-in's own two intervals), none held back
+    later = [b - a for a, b in zip(req.sent[EAGER:], req.sent[EAGER + 1 :], strict=False)]
+    assert max(later) < 2 * 0.03, [round(g, 3) for g in later]
+
+
 def test_relay_decode_that_ends_the_request_before_main_decode_reaches_the_client_is_not_stopped():
     """Relay decode ran ahead unpaced (it looked sure to end the request first), then
     slowed (hetero: its batch grew) and main decode reached ``switch_limit_tokens`` 16
