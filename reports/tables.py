@@ -15,6 +15,7 @@ from reports.cost import CostTable, Hardware, bcr, relative_change
 from reports.harness import harness
 from reports.run_data import RunData
 from reports.sla import SLA, attainment, sla_goodput, span_s
+from reports.spread import per_request
 from workloads.analysis import HIT_BINS, hit_bin
 
 # PDD's published figures (PDD.md) and the systems each compares.
@@ -46,12 +47,8 @@ def latency(run: RunData) -> pd.DataFrame:
     rows = []
     for name, s in run.systems.items():
         ok = _ok(s.records)
-        ttft = (ok["first_token"] - ok["arrival"]).dropna()
+        ttft, itl = (np.concatenate([*per_request(s.records, w), []]) for w in ("ttft", "itl"))
         e2e = (ok["finish"] - ok["arrival"]).dropna()
-        itl = np.concatenate(
-            [np.diff(np.asarray(t, float)) for t in ok["token_times"] if len(t) > 1]
-            or [np.array([])]
-        )
         row = {"system": name, "requests": len(s.records), "errors": len(s.records) - len(ok)}
         for label, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
             for p in PERCENTILES:

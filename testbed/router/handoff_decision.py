@@ -95,9 +95,8 @@ def decide(s: HandoffState, k: Knobs) -> Decision:
     busy = s.rld_load > k.rld_busy_requests
     mode = s.mode or s.pinned_mode
     if mode is None:
-        md_busy = s.md_load > k.md_busy_requests and s.pending > k.catch_up_done
-        catch_up = (s.pending > k.catch_up_threshold or md_busy) and not busy
-        mode = HandoffMode.CATCH_UP if catch_up else HandoffMode.ONE_SHOT
+        batched = catch_up(s.pending, s.md_load, k) and not busy
+        mode = HandoffMode.CATCH_UP if batched else HandoffMode.ONE_SHOT
     if s.pinned_at is not None:
         final = pinned_now
     else:
@@ -111,14 +110,21 @@ def decide(s: HandoffState, k: Knobs) -> Decision:
     return Decision(Action.BATCH, mode, min(s.pending, k.catch_up_batch), "catch up")
 
 
-def settle_batches(lacking: int, md_others: int, k: Knobs) -> list[int]:
+def catch_up(pending: int, md_load: int, k: Knobs) -> bool:
+    """Whether MD takes ``pending`` tokens in bounded catch-up batches rather than in
+    one extend: more than ``catch_up_threshold`` of them, or more than ``catch_up_done``
+    while MD serves more than ``md_busy_requests`` (``md_load``, the request itself
+    counted: one big extend would stall every stream it serves)."""
+    md_busy = md_load > k.md_busy_requests and pending > k.catch_up_done
+    return pending > k.catch_up_threshold or md_busy
+
+
+def settle_batches(lacking: int, md_load: int, k: Knobs) -> list[int]:
     """The batch sizes in which a settle hands MD the ``lacking`` tokens, the last one
-    final. As a handoff would: bounded by ``catch_up_batch`` when more than
-    ``catch_up_threshold`` lack or MD serves more than ``md_busy_requests`` (counting
-    this request, parked there), else one batch. Each batch is extended before the
-    next is sent, so MD's decode steps run between them."""
-    busy = md_others + 1 > k.md_busy_requests
-    if lacking <= 0 or not (lacking > k.catch_up_threshold or busy):
+    final: bounded by ``catch_up_batch`` where a handoff would catch up (:func:`catch_up`),
+    else one batch. Each batch is extended before the next is sent, so MD's decode
+    steps run between them."""
+    if lacking <= 0 or not catch_up(lacking, md_load, k):
         return [max(lacking, 0)]
     full, rest = divmod(lacking, k.catch_up_batch)
     return [k.catch_up_batch] * full + ([rest] if rest else [])

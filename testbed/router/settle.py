@@ -34,7 +34,12 @@ async def drain_main_decode(req: RelayedRequest, pending: asyncio.Future, md_str
     then the mirror and P learn it, as after any request that ended on MD."""
     try:
         chunk = await pending
-        while chunk is not None and not (chunk.finished or chunk.done or chunk.error):
+        while chunk is not None and not chunk.error:
+            # MD decodes past the final batch: it no longer pauses for it (other rooms'
+            # switches need not cushion it while this drain runs)
+            req.channel.extend_seen()
+            if chunk.finished or chunk.done:
+                break
             chunk = await anext(md_stream, None)
         if chunk is None or chunk.error:
             raise HandoffError(f"main decode: {chunk.error if chunk else 'stream ended'}")
@@ -77,8 +82,9 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
         # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed);
         # in bounded batches where a handoff would (each extend stalls MD's streams).
         lacking = tokens[1 + req.handed : -1]
-        md_others = req.p.loads.in_flight[req.route.main_decode.name]
-        sizes = settle_batches(len(lacking), md_others, req.p.knobs)
+        # the request left MD's count when the client's stream ended (before this ran)
+        md_load = req.p.loads.in_flight[req.route.main_decode.name] + 1
+        sizes = settle_batches(len(lacking), md_load, req.p.knobs)
         step = req.p.loads.itl.get(req.route.main_decode.name, 0.0)
         ready_at = clock.now() + (1 + len(sizes)) * step
         req.p.after.expect(req.body, req.record.session_id, tokens, 0, ready_at)

@@ -92,11 +92,26 @@ def test_a_busy_main_decode_takes_even_a_few_dozen_tokens_in_bounded_batches():
 def test_a_settle_hands_a_busy_main_decode_its_tokens_in_bounded_batches():
     k = Knobs(catch_up_threshold=64, md_busy_requests=2, catch_up_batch=16)
     # MD serves one other request (two with this one, parked there): not busy, one batch
-    assert settle_batches(40, md_others=1, k=k) == [40]
+    assert settle_batches(40, md_load=2, k=k) == [40]
     # more than the catch-up threshold lacking: batches even with MD calm
-    assert settle_batches(70, md_others=0, k=k) == [16, 16, 16, 16, 6]
+    assert settle_batches(70, md_load=1, k=k) == [16, 16, 16, 16, 6]
     # busier: batches of at most 16, the rest last; nothing lost or repeated
-    assert settle_batches(40, md_others=2, k=k) == [16, 16, 8]
-    assert settle_batches(32, md_others=5, k=k) == [16, 16]
+    assert settle_batches(40, md_load=3, k=k) == [16, 16, 8]
+    assert settle_batches(32, md_load=6, k=k) == [16, 16]
+    # a few tokens go at once even to a busy MD, as a handoff's would (catch_up_done)
+    assert settle_batches(8, md_load=6, k=k) == [8]
     # nothing lacking (a two-token output): one empty final batch still ends it
-    assert settle_batches(0, md_others=5, k=k) == [0]
+    assert settle_batches(0, md_load=6, k=k) == [0]
+
+
+def test_a_settle_and_a_handoff_batch_the_same_tokens_alike():
+    """One predicate decides both: a settle of N lacking tokens is batched exactly
+    when a handoff with N pending (and relay decode calm) would catch up."""
+    k = Knobs(catch_up_threshold=20, catch_up_done=4, md_busy_requests=2, catch_up_batch=8)
+    for pending in range(1, 40):
+        for md_load in range(0, 5):
+            handoff = decide(state(eager=pending + 1, md_load=md_load), k)
+            full, rest = divmod(pending, 8)
+            batches = [8] * full + [rest] * (rest > 0)
+            expected = batches if handoff.mode is HandoffMode.CATCH_UP else [pending]
+            assert settle_batches(pending, md_load, k) == expected, (pending, md_load)
