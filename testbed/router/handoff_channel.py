@@ -47,10 +47,19 @@ class HandoffChannel:
         await self._send(MsgType.WATCH, b"")
         return Ready.decode(await self._expect(MsgType.READY))
 
+    @property
+    def open(self) -> bool:
+        """Connected to MD's handoff listener (``watch`` got that far): batches can go."""
+        return self.writer is not None
+
     async def handoff(self, tokens: list[int], final: bool) -> int:
         """Send one handoff batch; returns its bytes on the wire."""
-        self._count(1)
-        return await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
+        self._count(1)  # before the send yields: other rooms' switches see the pause now
+        try:
+            return await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
+        except BaseException:
+            self._count(-1)  # not sent: MD has nothing to extend
+            raise
 
     async def extended(self) -> Extended:
         answer = Extended.decode(await self._expect(MsgType.EXTENDED))
@@ -66,6 +75,8 @@ class HandoffChannel:
         self.extending[self.md] += n
 
     async def _send(self, kind: MsgType, body: bytes) -> int:
+        if self.writer is None:
+            raise HandoffError("not connected to main decode's handoff listener")
         sent = await write_frame(self.writer, kind, self.room, body)
         self.bytes_sent += sent
         return sent

@@ -5,7 +5,10 @@ catch-up batch (relay decode keeps decoding while MD extends it), or to send the
 final batch (MD takes the request over). PDD.md's rules:
 
 - nothing is handed off before MD holds the prompt's KV (a pinned handoff aside: MD
-  applies it once it does), nor while the previous catch-up batch is being extended;
+  applies it once it does), nor while the previous catch-up batch is being extended,
+  nor before the router's connection to MD's handoff listener is up (a pinned handoff
+  then fires at the first token after it is: a lost SYN on the WAN delays it by a
+  second);
 - relay decode finishes a request that is about to end anyway;
 - one-shot when few tokens are pending (at most ``catch_up_threshold``) or relay
   decode is busy (it should be freed at once), catch-up otherwise — also for fewer
@@ -69,6 +72,7 @@ class HandoffState:
     mode: HandoffMode | None = None  # chosen at the first batch, kept after
     pinned_at: int | None = None  # x-pdd-handoff-at: hand off at this many eager tokens
     pinned_mode: HandoffMode | None = None  # x-pdd-handoff-mode
+    channel_open: bool = True  # the router's handoff connection to MD is up
 
     @property
     def pending(self) -> int:
@@ -85,6 +89,8 @@ class Decision:
 
 
 def decide(s: HandoffState, k: Knobs) -> Decision:
+    if not s.channel_open:  # nothing can be sent (a pinned handoff fires once it is)
+        return Decision(Action.WAIT, s.mode, why="the handoff channel to MD is not open yet")
     pinned_now = s.pinned_at is not None and s.eager >= s.pinned_at
     if s.pinned_at is None and not s.md_holds_kv:
         return Decision(Action.WAIT, s.mode, why="main decode does not hold the KV yet")

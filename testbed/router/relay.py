@@ -204,6 +204,7 @@ class RelayedRequest:
                     mode=mode,
                     pinned_at=self.pinned_at,
                     pinned_mode=self.pinned_mode,
+                    channel_open=self.channel.open,
                 )
                 decision = decide(state, self.p.knobs)
                 mode = decision.mode

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import pytest
+
 from protocol.frames import MsgType, read_frame, write_frame
 from protocol.handoff import Extended, Handoff, Ready
-from testbed.router.handoff_channel import HandoffChannel
+from testbed.router.handoff_channel import HandoffChannel, HandoffError
 
 
 async def _listener(reader, writer) -> None:
@@ -58,3 +60,15 @@ def test_unextended_batches_count_until_extended_seen_or_closed():
         return seen
 
     assert asyncio.run(walk()) == [1, 0, 2, 1, 0]
+
+
+def test_a_batch_before_the_channel_is_open_is_refused_and_not_counted():
+    """The relayed pipeline does not send before the channel is open (handoff_decision);
+    should anything try, it gets a HandoffError, not a write to no connection, and
+    no extend is counted on MD."""
+    extending: Counter[str] = Counter()
+    channel = HandoffChannel("127.0.0.1", 1, 3, extending, "md1")
+    assert not channel.open
+    with pytest.raises(HandoffError, match="not connected"):
+        asyncio.run(channel.handoff([5], final=True))
+    assert extending["md1"] == 0 and channel.pending == 0

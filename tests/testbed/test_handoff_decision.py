@@ -69,6 +69,18 @@ def test_a_pinned_handoff_fires_at_its_token_even_before_the_kv_is_held():
     assert decide(s, K).action is Action.FINAL
 
 
+def test_nothing_is_sent_before_the_channel_to_main_decode_is_open():
+    """A pinned handoff at token 9 met a channel whose connect was still in its SYN's
+    one-second retransmission (0.1% loss on default's WAN): the router wrote to no
+    connection and the request failed (a bench's warm-up, 2026-12-05). It now waits,
+    and fires at the first token after the channel opens."""
+    pinned = dict(md_holds_kv=False, pinned_at=9, pinned_mode=HandoffMode.ONE_SHOT)
+    s = state(eager=9, channel_open=False, **pinned)
+    assert decide(s, K).action is Action.WAIT and "not open" in decide(s, K).why
+    assert decide(state(eager=12, **pinned), K).action is Action.FINAL
+    assert decide(state(eager=80, channel_open=False), K).action is Action.WAIT
+
+
 def test_pinned_mode_header():
     assert pinned_mode(None) is None and pinned_mode("") is None
     assert pinned_mode("catch-up") is HandoffMode.CATCH_UP

@@ -76,6 +76,20 @@ def test_random_loss_is_applied_per_packet(make_network):
     assert abs(udp["lost_percent"] - 1.0) <= 0.2, udp
 
 
+def test_the_link_check_holds_a_lossy_line_whose_delay_is_long_against_the_test(make_network):
+    """The check before every bench system measures a lossy line's rate with a UDP
+    flood. Over a delay of a tenth of the test (hetero's dilated line: 0.47 s in 3 s)
+    the receiver's whole-run clock counted its wait for the first datagram and the
+    control channel's round trips; its steady seconds have neither."""
+    from topologies.check import check_network
+
+    net = make_network(LinkSpec(rate_mbit=20, delay_ms=300, loss_pct=0.1))
+    rows = {m.quantity: m for m in check_network(net, seconds=4)}
+    rate = rows["udp_received_mbit"]
+    assert rate.ok, rate
+    assert rate.configured == pytest.approx(20 * 0.999 * 1400 / 1442)  # no delay share
+
+
 def test_lan_is_not_rate_limited(make_network):
     net = make_network(LinkSpec(rate_mbit=50, delay_ms=5))
     end = iperf(net, "p1", "rld1", seconds=3)
