@@ -20,7 +20,7 @@ def load() -> None:
     # keeps a plain ``pip install`` (without the .pth) working for late imports.
     install_import_hooks()
     from engine_patches import drc_align, idle
-    from engine_patches.cpu import extend_attention, fork_start
+    from engine_patches.cpu import decode_attention, extend_attention, fork_start
     from engine_patches.handoff.register import register as register_handoff
     from engine_patches.kv_transfer.register import register as register_tcp_backend
     from engine_patches.pacing import hook as pacing
@@ -30,5 +30,6 @@ def load() -> None:
     register_handoff()
     drc_align.register()
     extend_attention.register()
+    decode_attention.register()
     fork_start.register()  # CPU servers only
     pacing.register()  # only where PDD_PACING is set

@@ -19,6 +19,8 @@ original.
 
 from __future__ import annotations
 
+from engine_patches.cpu.decode_attention import context_kv
+
 TARGET = (
     "sglang.srt.layers.attention.torch_native_backend."
     "TorchNativeAttnBackend._run_sdpa_forward_extend"
@@ -51,9 +53,8 @@ def extend_forward(
             int(seq_lens[i]),
         )
         q = query[:, start_q : start_q + q_len, :]
-        tokens = req_to_token[req_pool_indices[i], :kv_len]
-        k = k_cache[tokens].movedim(0, query.dim() - 2)
-        v = v_cache[tokens].movedim(0, query.dim() - 2)
+        k, v = context_kv(k_cache, v_cache, req_to_token[req_pool_indices[i], :kv_len])
+        k, v = k.movedim(0, query.dim() - 2), v.movedim(0, query.dim() - 2)
         if not (q.dtype == k.dtype == v.dtype):
             k, v = k.to(q.dtype), v.to(q.dtype)
         if 2 * q_len >= kv_len or not causal:
