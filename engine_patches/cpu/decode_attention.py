@@ -35,6 +35,20 @@ def context_kv(k_cache, v_cache, tokens):
     return k_cache.index_select(0, tokens), v_cache.index_select(0, tokens)
 
 
+def special(encoder_lens, is_cross_attn, sliding_window_size) -> bool:
+    """Cases the CPU hooks leave to SGLang: encoder offsets, cross-attention, windows."""
+    windowed = sliding_window_size is not None and sliding_window_size > -1
+    return encoder_lens is not None or is_cross_attn or windowed
+
+
+def same_dtype(q, k, v):
+    """``k`` and ``v`` as ``[heads, tokens, dim]`` in ``q``'s dtype (SDPA wants one)."""
+    k, v = k.movedim(0, q.dim() - 2), v.movedim(0, q.dim() - 2)
+    if not (q.dtype == k.dtype == v.dtype):
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    return k, v
+
+
 # SGLang's signature, kept whole on purpose (format opt-out).
 def decode_forward(
     self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
@@ -43,8 +57,7 @@ def decode_forward(
 ):  # fmt: skip
     from torch.nn.functional import scaled_dot_product_attention
 
-    windowed = sliding_window_size is not None and sliding_window_size > -1
-    if encoder_lens is not None or is_cross_attn or windowed:
+    if special(encoder_lens, is_cross_attn, sliding_window_size):
         return _original(
             self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
             encoder_lens, scaling, enable_gqa, causal, is_cross_attn, sliding_window_size,
@@ -53,10 +66,7 @@ def decode_forward(
     rows, lens = req_pool_indices.tolist(), seq_lens.tolist()
     for i, (row, kv_len) in enumerate(zip(rows, lens, strict=True)):
         q = query[:, i : i + 1, :]
-        k, v = context_kv(k_cache, v_cache, req_to_token[row, :kv_len])
-        k, v = k.movedim(0, query.dim() - 2), v.movedim(0, query.dim() - 2)
-        if not (q.dtype == k.dtype == v.dtype):
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        k, v = same_dtype(q, *context_kv(k_cache, v_cache, req_to_token[row, :kv_len]))
         out = scaled_dot_product_attention(
             q.unsqueeze(0),
             k.unsqueeze(0),
@@ -69,10 +79,16 @@ def decode_forward(
     return output
 
 
-def register() -> None:
+def replace(target: str, hook):
+    """Register ``hook`` in place of the backend method ``target`` names; the original."""
     from sglang.srt.layers.attention import torch_native_backend
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    original = getattr(torch_native_backend.TorchNativeAttnBackend, target.rsplit(".", 1)[1])
+    HookRegistry.register(target, hook, HookType.REPLACE)
+    return original
+
+
+def register() -> None:
     global _original
-    _original = torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_decode
-    HookRegistry.register(TARGET, decode_forward, HookType.REPLACE)
+    _original = replace(TARGET, decode_forward)

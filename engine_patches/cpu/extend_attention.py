@@ -19,7 +19,7 @@ original.
 
 from __future__ import annotations
 
-from engine_patches.cpu.decode_attention import context_kv
+from engine_patches.cpu.decode_attention import context_kv, replace, same_dtype, special
 
 TARGET = (
     "sglang.srt.layers.attention.torch_native_backend."
@@ -37,8 +37,7 @@ def extend_forward(
     import torch
     from torch.nn.functional import scaled_dot_product_attention
 
-    windowed = sliding_window_size is not None and sliding_window_size > -1
-    if encoder_lens is not None or is_cross_attn or windowed:
+    if special(encoder_lens, is_cross_attn, sliding_window_size):
         return _original(
             self, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
             extend_prefix_lens, extend_seq_lens, encoder_lens, scaling, enable_gqa, causal,
@@ -53,10 +52,8 @@ def extend_forward(
             int(seq_lens[i]),
         )
         q = query[:, start_q : start_q + q_len, :]
-        k, v = context_kv(k_cache, v_cache, req_to_token[req_pool_indices[i], :kv_len])
-        k, v = k.movedim(0, query.dim() - 2), v.movedim(0, query.dim() - 2)
-        if not (q.dtype == k.dtype == v.dtype):
-            k, v = k.to(q.dtype), v.to(q.dtype)
+        tokens = req_to_token[req_pool_indices[i], :kv_len]
+        k, v = same_dtype(q, *context_kv(k_cache, v_cache, tokens))
         if 2 * q_len >= kv_len or not causal:
             # Mostly new tokens (a fresh prefill: all of them): the square with the fused
             # causal kernel costs at most twice the rows needed and beats a masked one.
@@ -87,9 +84,5 @@ def extend_forward(
 
 
 def register() -> None:
-    from sglang.srt.layers.attention import torch_native_backend
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     global _original
-    _original = torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend
-    HookRegistry.register(TARGET, extend_forward, HookType.REPLACE)
+    _original = replace(TARGET, extend_forward)
