@@ -28,6 +28,7 @@ MDEV_TOLERANCE = 0.30
 LOSS_TOLERANCE = 0.20
 LAN_MIN_MBIT = 2000.0
 IPERF_PORT = 5201
+CONTROL_ROUND_TRIPS = 12  # iperf3's control exchanges over a run, with room to spare
 
 
 @dataclass
@@ -110,7 +111,7 @@ def iperf(
             argv += ["-O", "2", "-C", net.spec.wan.congestion_control]
         if receiver_intervals:
             argv.append("--get-server-output")
-        done = net.run(src, argv, timeout=seconds + 30, check=False)
+        done = net.run(src, argv, timeout=iperf_timeout_s(net, seconds), check=False)
         result = json.loads(done.stdout or "{}")
         if "error" in result or "end" not in result:
             raise RuntimeError(f"iperf3 {src} → {dst} failed: {result.get('error', done.stderr)}")
@@ -120,6 +121,15 @@ def iperf(
         return result["end"]
     finally:
         server.stop()
+
+
+def iperf_timeout_s(net: Network, seconds: float) -> float:
+    """How long an iperf3 run of ``seconds`` may take: its flow, and iperf3's control
+    exchanges (connect, parameters, start, results, the server's output), about a dozen
+    round trips of the WAN, which time dilation stretches (hetero at k = 590: 5.9 s
+    each; a flat 30 s margin timed the check out)."""
+    wan = net.spec.wan
+    return seconds + 30 + CONTROL_ROUND_TRIPS * 2 * (wan.delay_ms + wan.jitter_ms) / 1000
 
 
 def steady_received_mbit(end: dict) -> tuple[float, bool]:
