@@ -4,11 +4,12 @@ test_network_netns.py)."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
-from topologies.check import iperf_timeout_s, steady_received_mbit
+from topologies.check import iperf, iperf_timeout_s, steady_received_mbit
 from topologies.link import LinkSpec
 
 
@@ -48,3 +49,38 @@ def test_an_iperf_run_may_take_its_control_round_trips_on_a_dilated_line():
     # hetero at k = 590: 2.95 s one way; the flat 33 s of a 3 s check had timed out
     assert iperf_timeout_s(net(2950), 3.0) > 3.0 + 30 + 10 * 5.9
     assert iperf_timeout_s(net(10), 3.0) == pytest.approx(33.0, abs=1.0)
+
+
+class ControlLossNet:
+    """Stands in for a Network whose iperf3 client fails its control exchange once
+    (as on a 1%-loss line under load), then runs; or always fails with another error."""
+
+    spec = SimpleNamespace(wan=LinkSpec(loss_pct=1.0))
+
+    def __init__(self, errors: list[str]) -> None:
+        self.errors, self.runs = errors, 0
+
+    def popen(self, host, argv, log):
+        return SimpleNamespace(stop=lambda: None)
+
+    def address(self, host):
+        return "10.0.0.2"
+
+    def run(self, host, argv, timeout, check):
+        self.runs += 1
+        error = self.errors.pop(0) if self.errors else None
+        body = {"error": error} if error else {"end": {"sum": {"lost_percent": 1.0}}}
+        return SimpleNamespace(stdout=json.dumps(body), stderr="")
+
+
+def test_iperf_runs_again_once_when_its_control_connection_failed(tmp_path):
+    net = ControlLossNet(["unable to read from stream socket: Resource temporarily unavailable"])
+    assert iperf(net, "p1", "md1", 1, udp_mbit=5, log_dir=tmp_path)["sum"]["lost_percent"] == 1.0
+    assert net.runs == 2
+    twice = ControlLossNet(["unable to read from stream socket"] * 2)
+    with pytest.raises(RuntimeError, match="stream socket"):
+        iperf(twice, "p1", "md1", 1, udp_mbit=5, log_dir=tmp_path)
+    other = ControlLossNet(["unable to connect to server"])
+    with pytest.raises(RuntimeError, match="unable to connect"):
+        iperf(other, "p1", "md1", 1, udp_mbit=5, log_dir=tmp_path)
+    assert other.runs == 1
