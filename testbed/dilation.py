@@ -44,19 +44,37 @@ class EmulationSpec(BaseModel):
         "choose the dilation every server's passes fit (testbed.bench.calibrate).",
     )
     calibration_requests: int = Field(12, ge=1, description="Requests in the calibration run.")
+    calibration_miss_share: float = Field(
+        0.025,
+        gt=0,
+        lt=0.5,
+        allow_inf_nan=False,
+        description="A calibration slice fits its k while at most this share of every "
+        "server's passes of each kind ran late (half the report's 5% faithfulness bound: "
+        "a slice is a small sample).",
+    )
     calibration_margin: float = Field(
-        1.2, ge=1, allow_inf_nan=False, description="Chosen k = needed k x this margin."
+        1.2,
+        ge=1,
+        allow_inf_nan=False,
+        description="A slice proposes the k at which all but calibration_miss_share of "
+        "its passes fit, x this margin: where the next slice runs.",
     )
     calibration_rounds: int = Field(
         3,
         ge=1,
         le=6,
-        description="At most this many calibration slices. Each next one runs at the k the "
-        "last proposed, until a proposal lands within calibration_tolerance of the k it "
-        "was measured at (a k that saturates the cores proposes too much).",
+        description="At most this many calibration slices. The run uses the first k whose "
+        "slice fitted (unless its proposal is clearly lower, when a smaller k is tried); a "
+        "slice that did not fit is followed by one at its proposal.",
     )
     calibration_tolerance: float = Field(
-        0.15, gt=0, lt=1, allow_inf_nan=False, description="Relative: when a proposal settles."
+        0.15,
+        gt=0,
+        lt=1,
+        allow_inf_nan=False,
+        description="Relative: a proposal this much below a fitted k is worth a round; a "
+        "slice that did not fit is followed by one at least this much higher.",
     )
     applied: bool = Field(
         False,
