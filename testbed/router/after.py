@@ -91,9 +91,8 @@ class AfterRequest:
 
     def expect(self, body: dict, session: str | None, ids: list[int], held: int, ready_at: float):
         """MD is finishing the exchange (prompt + ``ids``) after relay decode ended the
-        client's stream: it holds the prompt and ``held`` of ``ids`` now, all from
-        ``ready_at``; ``remember`` or ``forget`` follows."""
-        held += len(body["input_ids"])
+        client's stream: its cache holds the first ``held`` tokens of the exchange now,
+        all from ``ready_at``; ``remember`` or ``forget`` follows."""
         self.mirror.expect(_cached(_exchange(body, ids)), session, held, ready_at)
 
     def forget(self, body: dict, session: str | None, ids: list[int]) -> None:

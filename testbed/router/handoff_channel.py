@@ -10,14 +10,16 @@ counts its batches MD has not yet extended in ``extending`` (per main decode, sh
 the router's channels): the switch of another room does not stop relay decode while
 MD is about to pause. A batch counts until EXTENDED (catch-up), until its room's stream
 shows MD decoding past it (``extend_seen``: the final batch), or until ``close``.
+Each catch-up batch's time from its send to its EXTENDED goes to ``on_extended``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Callable
 
-from protocol import tls
+from protocol import clock, tls
 from protocol.frames import MsgType, read_frame, write_frame
 from protocol.handoff import Extended, Handoff, Ready
 
@@ -28,7 +30,13 @@ class HandoffError(RuntimeError):
 
 class HandoffChannel:
     def __init__(
-        self, host: str, port: int, room: int, extending: Counter | None = None, md: str = ""
+        self,
+        host: str,
+        port: int,
+        room: int,
+        extending: Counter | None = None,
+        md: str = "",
+        on_extended: Callable[[float], None] | None = None,
     ) -> None:
         self.host, self.port, self.room = host, port, room
         self.reader: asyncio.StreamReader | None = None
@@ -37,6 +45,8 @@ class HandoffChannel:
         self.extending = Counter() if extending is None else extending
         self.md = md  # main decode's name, the key in ``extending``
         self.pending = 0  # this room's batches MD has not extended yet
+        self.on_extended = on_extended  # seconds from a batch's send to its EXTENDED
+        self.sent_at = 0.0  # the last batch's send
 
     async def watch(self) -> Ready:
         """Connect, WATCH, and wait until MD holds the prompt's KV."""
@@ -55,6 +65,7 @@ class HandoffChannel:
     async def handoff(self, tokens: list[int], final: bool) -> int:
         """Send one handoff batch; returns its bytes on the wire."""
         self._count(1)  # before the send yields: other rooms' switches see the pause now
+        self.sent_at = clock.now()
         try:
             return await self._send(MsgType.HANDOFF, Handoff(tuple(tokens), final).encode())
         except BaseException:
@@ -64,6 +75,8 @@ class HandoffChannel:
     async def extended(self) -> Extended:
         answer = Extended.decode(await self._expect(MsgType.EXTENDED))
         self._count(-1)
+        if self.on_extended is not None:
+            self.on_extended(clock.now() - self.sent_at)
         return answer
 
     def extend_seen(self) -> None:

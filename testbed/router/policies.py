@@ -35,9 +35,10 @@ class Route:
 
 class Loads:
     """Requests in flight per server, as the router sees them, the servers out of
-    rotation (failed health checks: name → why), and each decoder's recent
-    inter-token interval (what the switch expects of main decode before it has measured
-    main decode's pace in the request itself)."""
+    rotation (failed health checks: name → why), each decoder's recent inter-token
+    interval (what the switch expects of main decode before it has measured main
+    decode's pace in the request itself), and each main decode's recent catch-up batch
+    time (when a settle's exchange will be in its cache)."""
 
     ITL_WEIGHT = 0.3  # of the newest request in the decaying average
 
@@ -45,6 +46,10 @@ class Loads:
         self.in_flight: Counter[str] = Counter()
         self.down: dict[str, str] = {}
         self.itl: dict[str, float] = {}  # server → seconds between tokens
+        # main decode → seconds from sending a catch-up batch to its EXTENDED (the way
+        # there and back, MD's pass in progress, the extend pass: on hetero 2-3 s where
+        # a decode step is 0.1 s)
+        self.extend_s: dict[str, float] = {}
         # main decode → handoff batches sent there and not yet extended (each pauses its
         # decode batch for an extend pass); kept by the rooms' handoff channels
         self.extending: Counter[str] = Counter()
@@ -58,6 +63,11 @@ class Loads:
         gap = gaps[len(gaps) // 2]
         old = self.itl.get(server)
         self.itl[server] = gap if old is None else old + self.ITL_WEIGHT * (gap - old)
+
+    def learn_extend(self, server: str, seconds: float) -> None:
+        """A catch-up batch sent to main decode ``server`` came back EXTENDED."""
+        old = self.extend_s.get(server)
+        self.extend_s[server] = seconds if old is None else old + self.ITL_WEIGHT * (seconds - old)
 
     def least_loaded(self, servers: list[ServerEntry]) -> ServerEntry:
         if not servers:

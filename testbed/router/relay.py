@@ -94,9 +94,14 @@ class RelayedRequest:
             "bootstrap_port": prefill.bootstrap_port,
             "bootstrap_room": record.room,
         }
-        md_host, port = route.main_decode.host, pipeline.pdd.handoff_port
+        md_host, port, md = route.main_decode.host, pipeline.pdd.handoff_port, route.main_decode
         self.channel = HandoffChannel(
-            md_host, port, record.room, pipeline.loads.extending, route.main_decode.name
+            md_host,
+            port,
+            record.room,
+            pipeline.loads.extending,
+            md.name,
+            on_extended=lambda seconds: pipeline.loads.learn_extend(md.name, seconds),
         )
         self.drained: asyncio.Task | None = None  # main decode finishing apart
         self.relay_died = False  # MD took over from a relay decode that died
@@ -317,7 +322,8 @@ class RelayedRequest:
         exchange like :func:`settle`, so the session's next turn waits for it
         (``turn_wait_s``), and the mirror expects it: MD holds what it extended now (the
         first token and the handed-off ones), all once it ends."""
-        held, ready_at = 1 + self.handed, clock.now() + left_s
+        held = len(self.body["input_ids"]) + 1 + self.handed  # running on MD: in its tree
+        ready_at = clock.now() + left_s
         self.p.after.expect(self.body, self.record.session_id, self.tokens, held, ready_at)
         self.drained = self.p.background(drain_main_decode(self, pending, md_stream))
         self.p.after.settling[id(self.record)] = self.drained

@@ -75,18 +75,26 @@ async def settle(req: RelayedRequest, tokens: list[int]) -> None:
                 raise TimeoutError(f"main decode did not hold the KV within {timeout:.0f} s")
             await asyncio.wait({req.ready}, timeout=0.25)
         req.ready.result()
-        # MD holds the KV: it holds the exchange once it extended the eager tokens and
-        # decoded the last one, about a step per batch and one more from now (the mirror
-        # expects it; not before the KV landed: a next turn routed P->MD on a KV landing
-        # late pays its whole transfer, default run 115030: 849 tokens predicted as 17).
+        # MD holds the KV: the mirror expects the exchange (not before the KV landed: a
+        # next turn routed P->MD on a KV landing late pays its whole transfer, default
+        # run 115030: 849 tokens predicted as 17). Nothing of it is in MD's cache yet:
+        # the request is parked, and SGLang's tree takes it when the final batch lets it
+        # run, then all of it once it decoded the last token. Each batch takes what
+        # catch-up batches to this MD recently took (send to EXTENDED; at least a step),
+        # then one step. Timed by MD's step alone, hetero run 030425 expected a settle
+        # 0.3 s after its KV landed where MD took 6 s to extend its two batches (1.5 s
+        # passes): a next turn was predicted 129 uncached tokens where MD lacked 464,
+        # went P->MD and had its first token after 10.5 s, the run's slowest.
         # Only what MD lacks: earlier catch-up batches already gave it t2..t(1+handed);
         # in bounded batches where a handoff would (each extend stalls MD's streams).
         lacking = tokens[1 + req.handed : -1]
         # the request left MD's count when the client's stream ended (before this ran)
-        md_load = req.p.loads.in_flight[req.route.main_decode.name] + 1
-        sizes = settle_batches(len(lacking), md_load, req.p.knobs)
-        step = req.p.loads.itl.get(req.route.main_decode.name, 0.0)
-        ready_at = clock.now() + (1 + len(sizes)) * step
+        md = req.route.main_decode.name
+        sizes = settle_batches(len(lacking), req.p.loads.in_flight[md] + 1, req.p.knobs)
+        step = req.p.loads.itl.get(md, 0.0)
+        batch_s = max(req.p.loads.extend_s.get(md, step), step)
+        batches = len(sizes) + (req.inflight is not None)  # one MD is extending first
+        ready_at = clock.now() + batches * batch_s + step
         req.p.after.expect(req.body, req.record.session_id, tokens, 0, ready_at)
         if req.inflight is not None:  # a catch-up batch MD is still extending
             await req.inflight

@@ -254,7 +254,8 @@ def test_an_exchange_md_is_finishing_counts_once_the_next_turn_reaches_md_after_
     output = [9] * 200
     follow = {**first, "input_ids": first["input_ids"] + output + [7] * 50}
     now = p.wan.clock()
-    after.expect(first, "s", output, held=21, ready_at=now + 5)  # t1 + 20 handed off
+    # the prompt, t1 and 20 handed off: in MD's tree while the request runs there
+    after.expect(first, "s", output, held=2021, ready_at=now + 5)
     assert "(229 uncached" in p.choose(follow, Loads(), "s").reason  # 250 - 21
     p.wan.leads.append(6.0)  # requests reach MD 6 s after routing: after MD ended it
     assert "(51 uncached" in p.choose(follow, Loads(), "s").reason  # its last token has no KV
@@ -266,7 +267,7 @@ def test_an_exchange_md_is_finishing_counts_once_the_next_turn_reaches_md_after_
     after.forget(first, "s", output)  # its drain failed: MD will not hold it
     assert p.mirror.predicted_hit(follow["input_ids"], "s", now + 10) == 0
 
-    after.expect(first, "s", output, held=21, ready_at=now + 5)
+    after.expect(first, "s", output, held=2021, ready_at=now + 5)
     assert after.remember(p.choose(first, Loads()), first, "s", output) is None
     assert p.mirror.expected == {}  # MD ended it: learned for good, for every session
     assert p.mirror.predicted_hit(follow["input_ids"], "t") == 2199
@@ -278,7 +279,9 @@ def test_a_settle_is_expected_in_mds_cache_only_once_md_holds_its_kv(monkeypatch
     eager tokens once it does. Expected from the predicted landing, a next turn routed
     while the KV was late went P->MD and waited 2.8 s (default run 115030); so nothing
     is expected until MD holds the KV, then the exchange, which MD ending it confirms
-    and a disagreeing MD withdraws. The request and MD's stream are stand-ins (the real
+    and a disagreeing MD withdraws. While parked, MD's tree holds none of it; it is
+    expected after the batches' recent time to EXTENDED (hetero: 2-3 s, where a decode
+    step is 0.1 s) and a step. The request and MD's stream are stand-ins (the real
     servers' settle runs in tests/testbed/test_pdd.py)."""
     import asyncio
     import json
@@ -307,11 +310,13 @@ def test_a_settle_is_expected_in_mds_cache_only_once_md_holds_its_kv(monkeypatch
         loop = asyncio.get_running_loop()
         md = loop.create_future()
         md.set_result(None)
+        loads = Loads()
+        loads.itl["md"], loads.extend_s["md"] = 0.1, 3.0
         req = SimpleNamespace(
             p=SimpleNamespace(
                 pdd=PddConfig(settle_timeout_s=5),
                 knobs=Knobs(),  # 48 tokens lacking, MD idle: one final batch
-                loads=Loads(),
+                loads=loads,
                 after=AfterRequest(PddConfig(), p.mirror, None),
             ),
             route=SimpleNamespace(main_decode=SimpleNamespace(name="md", transfer_log=None)),
@@ -329,11 +334,15 @@ def test_a_settle_is_expected_in_mds_cache_only_once_md_holds_its_kv(monkeypatch
         assert p.mirror.expected == {}  # the KV is still on its way
         req.ready.set_result(None)
         await asyncio.sleep(0.05)
-        assert len(p.mirror.expected["s"].ids) == 2049  # MD holds the KV: expected
+        expected = p.mirror.expected["s"]
+        assert len(expected.ids) == 2049  # MD holds the KV: expected
+        follow = first["input_ids"] + tokens + [7] * 10
+        assert p.mirror.predicted_hit(follow, "s") == 0  # parked: not in MD's tree yet
+        assert expected.ready_at - p.wan.clock() == pytest.approx(3.0 + 0.1, abs=0.1)
+        assert p.mirror.predicted_hit(follow, "s", p.wan.clock() + 3.2) == 2049
         md_answers.set()
         await settling
         assert p.mirror.expected == {}  # confirmed (learned) or withdrawn
-        follow = first["input_ids"] + tokens + [7] * 10
         assert p.mirror.predicted_hit(follow, "s") == (2049 if md_agrees else 0)
 
     monkeypatch.setattr(settle_module, "chunks", md_stream)

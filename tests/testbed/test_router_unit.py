@@ -46,6 +46,42 @@ def test_loads_learn_a_decoders_interval_from_requests_it_decoded_alone():
     assert loads.itl["md"] == pytest.approx(0.05 + Loads.ITL_WEIGHT * 0.10)
 
 
+def test_loads_learn_main_decodes_catch_up_batch_time_from_each_extended_answer():
+    """A handoff channel times each catch-up batch, its send to MD's EXTENDED, into the
+    router's loads. MD's handoff listener is a stand-in (a local socket answering
+    EXTENDED after 0.2 s); the real one runs in tests/testbed/test_pdd.py."""
+    from protocol.frames import MsgType, read_frame, write_frame
+    from protocol.handoff import Extended
+    from testbed.router.handoff_channel import HandoffChannel
+
+    loads = Loads()
+
+    async def md_listener(reader, writer):
+        while True:
+            kind, room, _ = await read_frame(reader)
+            if kind == MsgType.HANDOFF:
+                await asyncio.sleep(0.2)
+                await write_frame(writer, MsgType.EXTENDED, room, Extended(3, 3, 5, 0.1, False).encode())
+
+    async def scenario():
+        server = await asyncio.start_server(md_listener, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        learn = lambda seconds: loads.learn_extend("md", seconds)  # noqa: E731
+        channel = HandoffChannel("127.0.0.1", port, 7, loads.extending, "md", learn)
+        channel.reader, channel.writer = await asyncio.open_connection("127.0.0.1", port)
+        await channel.handoff([1, 2, 3], final=False)
+        assert loads.extending["md"] == 1 and "md" not in loads.extend_s
+        await channel.extended()
+        channel.close()
+        server.close()
+
+    asyncio.run(scenario())
+    assert loads.extending["md"] == 0
+    assert 0.2 <= loads.extend_s["md"] < 1.0
+    loads.learn_extend("md", 3.0)  # decays towards the newest
+    assert 1.0 < loads.extend_s["md"] < 3.0
+
+
 def test_a_records_late_prefill_answer_is_awaited_never_cut(tmp_path):
     """Relay decode may end the client's stream long before P answers (P answers once
     its WAN leg to main decode has ended). The record waits for that answer however long
