@@ -57,12 +57,14 @@ def _round(tried, proposal, missed):
         ([_round(100, 108, 0.02)], 100, None, 0),  # fits: the run uses it
         ([_round(100, 160, 0.0)], 100, None, 0),  # fits, though its need x margin is higher
         ([_round(100, 60, 0.0)], None, 60, None),  # fits, a clearly smaller k may: try it
-        ([_round(100, 60, 0.0), _round(60, 70, 0.04)], None, 70, None),  # between the two
-        ([_round(100, 60, 0.0), _round(60, 70, 0.04), _round(70, 80, 0.01)], 70, None, 2),
+        # halfway between a k that missed and one that fitted, at least
+        ([_round(100, 60, 0.0), _round(60, 70, 0.04)], None, 80, None),
+        ([_round(100, 60, 0.0), _round(60, 70, 0.04), _round(80, 70, 0.01)], 80, None, 2),
+        ([_round(100, 199, 0.17), _round(199, 112, 0.0)], None, 150, None),  # hetero's
         ([_round(50, 209, 0.3)], None, 209, None),  # saturated cores: measure at the proposal
         ([_round(100, 105, 0.04)], None, 115, None),  # too many late: at least x 1.15
-        ([_round(50, 209, 0.3), _round(209, 86, 0.0)], None, 86, None),
-        ([_round(50, 209, 0.3), _round(209, 86, 0.0), _round(86, 95, 0.01)], 86, None, 2),
+        ([_round(50, 209, 0.3), _round(209, 86, 0.0)], None, 130, None),
+        ([_round(50, 209, 0.3), _round(209, 86, 0.0), _round(130, 95, 0.01)], 130, None, 2),
         # no round left: the smallest k whose own slice fitted
         ([_round(50, 209, 0.3), _round(209, 86, 0.0), _round(86, 150, 0.1)], 209, None, 1),
         # none fitted: the k whose slice had the fewest late passes, not an unmeasured one
@@ -93,11 +95,12 @@ def test_a_round_is_not_run_twice_at_the_same_k():
 def test_each_next_round_runs_at_the_k_the_round_before_proposed(monkeypatch, tmp_path):
     """The loop around ``settle`` (the bathtub end-to-end test runs one round): a stand-in
     slice (no servers) misses many passes at k = 50 and proposes 209, fits 209 but
-    proposes 86, and fits 86, which the run uses."""
+    proposes 86: the next round runs halfway between 50 and 209, fits 130, which the
+    run uses (its proposal is below what missed: no rounds left in any case)."""
     from testbed.bench import calibrate
 
-    proposals = {50: 209, 209: 86, 86: 95}
-    late = {50: 0.3, 209: 0.0, 86: 0.01}
+    proposals = {50: 209, 209: 86, 130: 95}
+    late = {50: 0.3, 209: 0.0, 130: 0.01}
     tried = []
 
     def slice_(target, tiny_kv, out, console, run_system):
@@ -121,5 +124,5 @@ def test_each_next_round_runs_at_the_k_the_round_before_proposed(monkeypatch, tm
 
     found = calibrate.calibrate(target, 0, tmp_path, Console(file=io.StringIO()), None)
 
-    assert tried == [50, 209, 86]  # each round at the one before's proposal
-    assert found["dilation"] == 86 and [r["tried"] for r in found["rounds"]] == tried
+    assert tried == [50, 209, 130]
+    assert found["dilation"] == 130 and [r["tried"] for r in found["rounds"]] == tried

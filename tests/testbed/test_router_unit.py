@@ -61,7 +61,9 @@ def test_loads_learn_main_decodes_catch_up_batch_time_from_each_extended_answer(
             kind, room, _ = await read_frame(reader)
             if kind == MsgType.HANDOFF:
                 await asyncio.sleep(0.2)
-                await write_frame(writer, MsgType.EXTENDED, room, Extended(3, 3, 5, 0.1, False).encode())
+                await write_frame(
+                    writer, MsgType.EXTENDED, room, Extended(3, 3, 5, 0.1, False).encode()
+                )
 
     async def scenario():
         server = await asyncio.start_server(md_listener, "127.0.0.1", 0)
