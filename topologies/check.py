@@ -145,11 +145,12 @@ def iperf_timeout_s(net: Network, seconds: float) -> float:
     return seconds + 30 + CONTROL_ROUND_TRIPS * 2 * (wan.delay_ms + wan.jitter_ms) / 1000
 
 
-def steady_received_mbit(end: dict) -> tuple[float, bool]:
+def steady_received_mbit(end: dict, lead_s: float = 0.0) -> tuple[float, bool]:
     """The rate a flood's receiver saw while the flow was steady: its per-second
-    intervals without the first (it holds the flow's way across: the receiver's clock
-    starts before its first datagram arrives, a long share under time dilation) and the
-    last (the flow's tail), in Mbit/s; and whether those intervals were there. Without
+    intervals without the first and any other that began within ``lead_s`` (they hold
+    the flow's way across: the receiver's clock starts before its first datagram
+    arrives, a long share under time dilation) and without the last (the flow's tail),
+    in Mbit/s; and whether those intervals were there. Without
     them (a run shorter than three intervals, or no receiver output): the whole run's
     rate, and False. The whole run's rate rests on the receiver's clock around the
     flow, which the control channel's exchanges set: on hetero's dilated line (0.93 s
@@ -157,6 +158,7 @@ def steady_received_mbit(end: dict) -> tuple[float, bool]:
     (9.8 Mbit/s against 13.4 in the other systems'), as a second more on that clock
     would; the steady seconds do not depend on it."""
     sums = [i["sum"] for i in end.get("receiver_intervals", []) if "sum" in i][1:-1]
+    sums = [s for s in sums if s.get("start", lead_s) >= lead_s]
     seconds = sum(s["seconds"] for s in sums)
     if not sums or seconds <= 0:
         return end["sum_received"]["bits_per_second"] / 1e6, False
@@ -234,16 +236,22 @@ def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
             )
         elif wan.rate_mbit:
             # Under random loss TCP cannot fill the link (Mathis et al.); check the rate
-            # limiter with a UDP flood instead: received = rate × (1 − loss).
+            # limiter with a UDP flood instead: received = rate × (1 − loss). Read from
+            # the seconds after the flow's way across, which lengthens the flood so as
+            # to keep as many as on a short line (hetero at k = 199, 1 s one way: a 3 s
+            # flood's one steady second held a third of the way across and read 5.5
+            # Mbit/s of 8.0).
+            lead_s = (wan.delay_ms + 4 * wan.jitter_ms) / 1000
+            flood_s = seconds + max(0, math.ceil(lead_s) - 1)
             end = iperf(
-                net, src, dst, seconds, udp_mbit=1.2 * wan.rate_mbit, receiver_intervals=True
+                net, src, dst, flood_s, udp_mbit=1.2 * wan.rate_mbit, receiver_intervals=True
             )
             # The receiver's own rate: what the link delivered, queueing included.
-            received, steady = steady_received_mbit(end)
+            received, steady = steady_received_mbit(end, lead_s)
             # Over the whole run the receiver's clock runs from before its first packet,
             # which comes one delay late: over a long delay (time dilation) that share is
             # not sent. The steady intervals have none of it.
-            in_flight = 0.0 if steady else min(wan.delay_ms / 1000 / seconds, 0.5)
+            in_flight = 0.0 if steady else min(wan.delay_ms / 1000 / flood_s, 0.5)
             # The shaper counts whole frames; iperf3 counts the datagrams' payload.
             payload = UDP_PAYLOAD / (UDP_PAYLOAD + UDP_HEADERS)
             expected = wan.rate_mbit * (1 - wan.loss_pct / 100) * (1 - in_flight) * payload

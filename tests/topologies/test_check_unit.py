@@ -33,6 +33,24 @@ def test_a_floods_rate_is_read_from_its_steady_seconds_at_the_receiver():
     assert steady and mbit == pytest.approx((1.68 + 1.66) * 8 / 2)
 
 
+def test_seconds_within_the_flows_way_across_are_not_steady():
+    # hetero at k = 199: 1 s one way, 82 ms of jitter; the second from 1 s to 2 s held
+    # part of the way across (a 3 s flood had only that one and read a third low)
+    end = {
+        "sum_received": {"bits_per_second": 5e6},
+        "receiver_intervals": [
+            interval(0, 1, 0.0),
+            interval(1, 2, 0.7),
+            interval(2, 3, 1.0),
+            interval(3, 4, 1.0),
+            interval(4, 4.5, 0.4),
+        ],
+    }
+    assert steady_received_mbit(end)[0] == pytest.approx(2.7 * 8 / 3)
+    mbit, steady = steady_received_mbit(end, lead_s=1.33)
+    assert steady and mbit == pytest.approx(8.0)
+
+
 def test_without_steady_seconds_the_whole_runs_rate_is_used():
     two = [interval(0, 1, 1.0), interval(1, 2, 1.0)]
     for end in (
