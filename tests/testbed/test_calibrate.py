@@ -37,6 +37,9 @@ def test_the_chosen_dilation_replaces_the_scenarios():
     hetero = Scenario.load("hetero")
     assert hetero.emulation.calibrate
     assert with_dilation(hetero, 77).emulation.dilation == 77
+    # the load's duration, in testbed seconds for the scenario's own k, stretches with k
+    assert hetero.emulation.dilation == 100
+    assert with_dilation(hetero, 200).workload.duration_s == 2 * hetero.workload.duration_s
 
 
 def test_the_load_starts_at_its_first_request_and_warm_up_passes_come_before(tmp_path):
