@@ -70,7 +70,13 @@ def test_a_schedule_changes_the_real_link_and_puts_it_back(make_network, tmp_pat
     assert not schedule.errors
     phases = [(json.loads(x)["phase"], json.loads(x)["cut"]) for x in log.read_text().splitlines()]
     assert len(phases) == 6 and phases[2] == ("start", True)
-    back = iperf(net, "p1", "md1", seconds=3)["sum_received"]["bits_per_second"] / 1e6
+    # The spec's rate, restored: a steady property of the link, so a second reading
+    # stands when the first came out low (once 69.6 Mbit/s under make test's load, where
+    # the test alone reads 90+); a link left at the dip reads 10 both times.
+    back = max(
+        iperf(net, "p1", "md1", seconds=3)["sum_received"]["bits_per_second"] / 1e6
+        for _ in range(2)
+    )
     assert back >= 80, f"{back:.1f} Mbit/s after the schedule: the spec's 100 not restored"
     done = net.run("p1", ["ping", "-c", "20", "-i", "0.02", "-W", "1", md], check=False)
     assert " 0% packet loss" in done.stdout
