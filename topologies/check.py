@@ -237,11 +237,12 @@ def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
         elif wan.rate_mbit:
             # Under random loss TCP cannot fill the link (Mathis et al.); check the rate
             # limiter with a UDP flood instead: received = rate × (1 − loss). Read from
-            # the seconds after the flow's way across, which lengthens the flood so as
-            # to keep as many as on a short line (hetero at k = 199, 1 s one way: a 3 s
-            # flood's one steady second held a third of the way across and read 5.5
-            # Mbit/s of 8.0).
-            lead_s = (wan.delay_ms + 4 * wan.jitter_ms) / 1000
+            # the seconds after the flow's first datagrams arrive, a round trip after the
+            # receiver's clock starts (iperf3's start is one more control exchange), which
+            # lengthens the flood so as to keep as many as on a short line (hetero at
+            # k = 123 and 199, 1.2 s and 2 s round trips: a 3 s flood's steady second held
+            # part of it and read 8.0 Mbit/s of 12.9, 5.5 of 8.0).
+            lead_s = (2 * wan.delay_ms + 4 * wan.jitter_ms) / 1000
             flood_s = seconds + max(0, math.ceil(lead_s) - 1)
             end = iperf(
                 net, src, dst, flood_s, udp_mbit=1.2 * wan.rate_mbit, receiver_intervals=True
