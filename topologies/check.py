@@ -14,6 +14,7 @@ import math
 import re
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -176,6 +177,54 @@ def loss_tolerance_pct(loss_pct: float, packets: int) -> float:
     return max(LOSS_TOLERANCE * loss_pct, 3 * sigma)
 
 
+def read_rate(read: Callable[[], Measurement]) -> Measurement:
+    """A rate's row, read again when it reads low: the better of the two readings.
+
+    A shaper that is wrong reads low twice; a reading that a stall of this shared
+    machine cut short (a sender or the delay daemon waiting a moment for a CPU) does
+    not repeat (CI: a 20 Mbit/s line's flood read 17.4 Mbit/s of 19.4 once in the full
+    suite, 19.4 in every run alone and beside four busy loops). A reading too high is
+    no stall and stands."""
+    row = read()
+    if row.ok or row.measured > row.configured:
+        return row
+    return max(row, read(), key=lambda r: r.measured)
+
+
+def tcp_rate_row(net: Network, src: str, dst: str, seconds: float) -> Measurement:
+    """TCP's goodput over a loss-free WAN against its rate."""
+    rate = net.spec.wan.rate_mbit
+    tcp = iperf(net, src, dst, seconds)["sum_received"]["bits_per_second"] / 1e6
+    ok = abs(tcp - rate) <= RATE_TOLERANCE * rate
+    return Measurement(f"WAN {src}->{dst}", "tcp_goodput_mbit", rate, tcp, "±10%", ok)
+
+
+def udp_rate_row(net: Network, src: str, dst: str, seconds: float) -> Measurement:
+    """What a UDP flood's receiver got over a lossy WAN against rate × (1 − loss).
+
+    Under random loss TCP cannot fill the link (Mathis et al.); the flood checks the
+    rate limiter instead. It is read from the seconds after the flow's first datagrams
+    arrive, a round trip after the receiver's clock starts (iperf3's start is one more
+    control exchange), which lengthens the flood so as to keep as many as on a short
+    line (hetero at k = 123 and 199, 1.2 s and 2 s round trips: a 3 s flood's steady
+    second held part of it and read 8.0 Mbit/s of 12.9, 5.5 of 8.0)."""
+    wan = net.spec.wan
+    lead_s = (2 * wan.delay_ms + 4 * wan.jitter_ms) / 1000
+    flood_s = seconds + max(0, math.ceil(lead_s) - 1)
+    end = iperf(net, src, dst, flood_s, udp_mbit=1.2 * wan.rate_mbit, receiver_intervals=True)
+    # The receiver's own rate: what the link delivered, queueing included.
+    received, steady = steady_received_mbit(end, lead_s)
+    # Over the whole run the receiver's clock runs from before its first packet, which
+    # comes one delay late: over a long delay (time dilation) that share is not sent.
+    # The steady intervals have none of it.
+    in_flight = 0.0 if steady else min(wan.delay_ms / 1000 / flood_s, 0.5)
+    # The shaper counts whole frames; iperf3 counts the datagrams' payload.
+    payload = UDP_PAYLOAD / (UDP_PAYLOAD + UDP_HEADERS)
+    expected = wan.rate_mbit * (1 - wan.loss_pct / 100) * (1 - in_flight) * payload
+    ok = abs(received - expected) <= RATE_TOLERANCE * expected
+    return Measurement(f"WAN {src}->{dst}", "udp_received_mbit", expected, received, "±10%", ok)
+
+
 def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
     """Measure the WAN (rate, RTT, jitter, loss) and a LAN pair; one row per quantity."""
     rows: list[Measurement] = []
@@ -222,50 +271,9 @@ def check_network(net: Network, seconds: float = 8.0) -> list[Measurement]:
         )
         rows.append(Measurement(link, "rtt_min_ms", None, stats.min_ms, "-", True))
         rows.append(Measurement(link, "rtt_max_ms", None, stats.max_ms, "-", True))
-        if wan.rate_mbit and not wan.loss_pct:
-            tcp = iperf(net, src, dst, seconds)["sum_received"]["bits_per_second"] / 1e6
-            rows.append(
-                Measurement(
-                    link,
-                    "tcp_goodput_mbit",
-                    wan.rate_mbit,
-                    tcp,
-                    "±10%",
-                    abs(tcp - wan.rate_mbit) <= RATE_TOLERANCE * wan.rate_mbit,
-                )
-            )
-        elif wan.rate_mbit:
-            # Under random loss TCP cannot fill the link (Mathis et al.); check the rate
-            # limiter with a UDP flood instead: received = rate × (1 − loss). Read from
-            # the seconds after the flow's first datagrams arrive, a round trip after the
-            # receiver's clock starts (iperf3's start is one more control exchange), which
-            # lengthens the flood so as to keep as many as on a short line (hetero at
-            # k = 123 and 199, 1.2 s and 2 s round trips: a 3 s flood's steady second held
-            # part of it and read 8.0 Mbit/s of 12.9, 5.5 of 8.0).
-            lead_s = (2 * wan.delay_ms + 4 * wan.jitter_ms) / 1000
-            flood_s = seconds + max(0, math.ceil(lead_s) - 1)
-            end = iperf(
-                net, src, dst, flood_s, udp_mbit=1.2 * wan.rate_mbit, receiver_intervals=True
-            )
-            # The receiver's own rate: what the link delivered, queueing included.
-            received, steady = steady_received_mbit(end, lead_s)
-            # Over the whole run the receiver's clock runs from before its first packet,
-            # which comes one delay late: over a long delay (time dilation) that share is
-            # not sent. The steady intervals have none of it.
-            in_flight = 0.0 if steady else min(wan.delay_ms / 1000 / flood_s, 0.5)
-            # The shaper counts whole frames; iperf3 counts the datagrams' payload.
-            payload = UDP_PAYLOAD / (UDP_PAYLOAD + UDP_HEADERS)
-            expected = wan.rate_mbit * (1 - wan.loss_pct / 100) * (1 - in_flight) * payload
-            rows.append(
-                Measurement(
-                    link,
-                    "udp_received_mbit",
-                    expected,
-                    received,
-                    "±10%",
-                    abs(received - expected) <= RATE_TOLERANCE * expected,
-                )
-            )
+        if wan.rate_mbit:
+            rate_row = tcp_rate_row if not wan.loss_pct else udp_rate_row
+            rows.append(read_rate(lambda: rate_row(net, src, dst, seconds)))
         udp = iperf(net, src, dst, seconds, udp_mbit=0.5 * (wan.rate_mbit or 100))["sum"]
         lost = udp["lost_percent"]
         tolerance = loss_tolerance_pct(wan.loss_pct, udp["packets"])
