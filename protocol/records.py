@@ -95,6 +95,9 @@ class RequestRecord(TokenTimes):
     handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
     fallback: str | None = None  # why relay decode finished a request meant for MD
     predicted_wan_s: float | None = None  # the routing input: the KV's predicted WAN time
+    # (its first byte to its last at main decode)
+    predicted_kv_span_s: float | None = None  # ... and its span: P's first KV byte out to
+    # MD's last in (the first byte's way across, queueing included, then the above)
     wan_queued_bytes: int | None = None  # the prediction's backlog ahead of this transfer
     wan_own_bytes: int | None = None  # the KV bytes predicted (MD's predicted miss)
     wan_goodput_bytes_s: float | None = None  # the prediction's line goodput (bytes/s)
@@ -102,7 +105,8 @@ class RequestRecord(TokenTimes):
     kv_bytes: int | None = None  # KV payload moved for this request
     kv_wire_bytes: int | None = None
     kv_link: str | None = None  # lan | wan
-    kv_transfer_s: float | None = None
+    kv_transfer_s: float | None = None  # measured: first KV byte to last at the receiver
+    kv_span_s: float | None = None  # measured: the sender's first KV byte out to the last in
     kv_cwnd_bytes: int | None = None  # the sender's congestion window at the first KV byte
     kv_retransmits: int | None = None  # segments the sender retransmitted (TransferRecord)
     status: str = "ok"  # ok | error
@@ -178,6 +182,19 @@ class TransferRecord:
         if self.end is None or not self.first_byte:
             return None
         return max(0.0, self.wire_end - self.first_byte - self.sender_wait_s)
+
+    @property
+    def span_s(self) -> float | None:
+        """The KV's time on the line: the sender's first KV byte out (the Done frame's
+        stamp) to the receiver's last in, less the sender's wait for prefill — what a
+        request waits for the KV past prefill. The receiver's first-to-last time
+        (``seconds``) starts at the first byte's arrival, whose delay is one draw of
+        the line's jitter (hetero: ±61 ms on 0.1-0.3 s transfers); the last of many
+        packets leaves an order-keeping delay line behind the largest of theirs, near
+        the jitter's top (None without the sender's stamp, or no end)."""
+        if self.end is None or not self.first_byte or not self.sender_first_byte:
+            return None
+        return max(0.0, self.wire_end - self.sender_first_byte - self.sender_wait_s)
 
 
 @dataclass

@@ -128,13 +128,16 @@ def replay(system_dir: Path) -> list[Replayed]:
         if kind == ROUTED:
             # the bytes the router predicted for (its prefix mirror's), where recorded
             nbytes = item.get("wan_own_bytes") or received[item["room"]].kv_bytes
-            predicted = line.predict(nbytes).seconds
+            predicted = line.predict(nbytes).span_s
             line.start(item["room"], nbytes)
-            measured = item.get("kv_transfer_s")
+            # the KV's span on the line, as the report scores it (its receiver's line
+            # has the sender's first byte); the record's, for runs older than the span
+            measured = item.get("kv_span_s") or (
+                item.get("kv_transfer_s") and received[item["room"]].span_s
+            )
             if measured and id(item) in scored:
-                out.append(
-                    Replayed(item["request_id"], measured, item.get("predicted_wan_s"), predicted)
-                )
+                recorded = item.get("predicted_kv_span_s")
+                out.append(Replayed(item["request_id"], measured, recorded, predicted))
         elif kind == SETTLED:
             line.settle(item.room, item)
         else:

@@ -329,6 +329,7 @@ class Router:
         if route.wan is None:
             return
         record.predicted_wan_s = route.wan.seconds
+        record.predicted_kv_span_s = route.wan.span_s
         record.wan_queued_bytes = route.wan.queued_bytes
         record.wan_own_bytes = route.wan.own_bytes
         record.wan_goodput_bytes_s = route.wan.goodput_bytes_s

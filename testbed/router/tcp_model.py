@@ -1,7 +1,16 @@
 """One TCP flow over a rate-limited line, as the WAN model (:mod:`testbed.router.wan`)
 counts it: the round trips a window below the pipe costs (slow start, congestion
 avoidance) and the windows random loss leaves it, and the robust average the model
-learns its parameters with. Pure functions and values: no state of the line here."""
+learns its parameters with. Pure functions and values: no state of the line here.
+
+- Random loss: a loss every ``MSS / p`` bytes (the first after that many), each cutting
+  the window as the line's congestion control does (``RESPONSES``), as does a window
+  beyond the pipe and the bottleneck queue; round by round (:func:`flow`), so a loss
+  costs what the window then falls short of the pipe (on default, 0.1% and CUBIC, a
+  long flow's window stays near a quarter of the pipe, as its senders reported).
+- The line's jitter: an order-keeping delay line delays the last byte about that much
+  more than the first (:func:`jitter_spread_s`; hetero).
+"""
 
 from __future__ import annotations
 

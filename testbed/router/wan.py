@@ -15,8 +15,10 @@ Lifecycle of one transfer on a :class:`WanLine`::
                                             final window and retransmission count
                                             (a lone transfer is learned with it)
 
-What is predicted is what the receiver measures: its first KV byte to its last, less any
-time the wire idled while the sender waited for prefill (``TransferRecord.seconds``).
+What is predicted (``WanPrediction.span_s``) is the KV's span on the line: the sender's
+first KV byte out to the receiver's last in, less the wire's idle while the sender waited
+for prefill (``TransferRecord.span_s``): the first byte's way across (learned, alone and
+behind others' standing queue), then the receiver's first-to-last time (``seconds``).
 
 The line is a fluid model of TCP over a rate-limited drop-tail queue. Transfers on
 it share the rate equally (processor sharing: measured, a small transfer behind a
@@ -39,18 +41,12 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
   Decode checks a connection out when its request reaches it (``lead_s`` after
   routing): one routed while every pooled connection is busy gets the one the model
   sees freed by then, else a new connection's.
-- Random loss: a loss every ``MSS / p`` bytes (the first after that many), each cutting
-  the window as the line's congestion control does (``tcp_model.RESPONSES``), as does
-  a window beyond the pipe and the bottleneck queue; round by round (``tcp_model.flow``),
-  so a loss costs what the window then falls short of the pipe (on default, 0.1% and
-  CUBIC, a long flow's window stays near a quarter of the pipe, as its senders
-  reported). Past its loss-free run a transfer drains no faster than that flow alone.
-- The line's jitter: an order-keeping delay line delays the last byte about that much
-  more than the first (:func:`~testbed.router.tcp_model.jitter_spread_s`; hetero).
+- Random loss and the line's jitter, as :mod:`testbed.router.tcp_model` counts them.
+  Past its loss-free run a transfer drains no faster than that flow alone.
 
-Slow start's rounds take ``round_trip``: the configured one until lone loss-free
-transfers with rounds to take teach it (on default 21.5-22.5 ms on a 20 ms line). A
-flow sharing the line ramps up only to its share (its window holds it back below it).
+Slow start's rounds take ``round_trip``, learned from lone loss-free transfers with
+rounds to take (default: 21.5-22.5 ms on a 20 ms line). A flow sharing the line ramps
+up only to its share (its window holds it back below it).
 
 Bytes are the wire's (``framing``: frame headers per KV byte, learned). The rest (the
 receiver's work, what the model misses) is in the goodput: the median rate of the
@@ -91,6 +87,11 @@ class WanPrediction:
     goodput_bytes_s: float  # bytes per second one transfer achieves alone
     seconds: float  # predicted first-to-last-byte time of this transfer
     cwnd_bytes: int = 0  # the congestion window the model gave its connection
+    way_s: float = 0.0  # predicted: its first byte's way across (queueing included)
+
+    @property
+    def span_s(self) -> float:  # the KV's time on the line: its first byte out to last in
+        return self.way_s + self.seconds
 
 
 @dataclass
@@ -127,22 +128,23 @@ class WanLine:
         congestion: str = "reno",
         jitter_s: float = 0.0,
     ) -> None:
-        self.rtt, self.jitter = 2 * one_way_s, jitter_s
+        self.rtt, self.jitter, self.loss = 2 * one_way_s, jitter_s, loss
         self.pool_reuse_s = pool_reuse_s  # decode servers' (servers.kv_pool_reuse_s)
         self.rate = float(rate_bytes_s)  # the line as configured
-        self.loss = loss
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
-        self.queue = queue_bytes  # the bottleneck's, beyond the pipe
-        self.response = RESPONSES[congestion]  # strict: the config names one of them
-        self.achieved = RecentMedian(self.rate, samples, cap=self.rate)
+        self.queue, self.response = queue_bytes, RESPONSES[congestion]  # bottleneck's; strict
+        # the link-checked rate counts until 3 samples (default: a first at 58 of 100)
+        self.achieved = RecentMedian(self.rate, samples, cap=self.rate, prior=3)
+        self.way_alone = RecentMedian(one_way_s, samples, prior=3)  # the first byte's
+        self.way_shared = RecentMedian(one_way_s, samples, prior=3)
         self.round_trip = RecentMedian(self.rtt, samples, prior=3)  # one outlier is not it
         self.framing = RecentMedian(1.0, samples)  # wire bytes per KV byte (frame headers)
         self.clock = clock
         self.outstanding: dict[int, _Outstanding] = {}
         self.pool: list[_Idle] = []  # idle connections
-        # senders' end windows (and connections) read before the receiver's settle
+        # senders' end windows (and connections), final retransmission counts, read
+        # before the receiver's settle; lone transfers awaiting their sender's count
         self.ended: dict[int, tuple[Congestion, str, float]] = {}
-        # senders' final retransmission counts read first, lone transfers awaiting theirs
         self.resent: dict[int, int] = {}
         self.unlearned: dict[int, tuple[TransferRecord, Congestion]] = {}
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
@@ -269,12 +271,13 @@ class WanLine:
         nbytes = own_bytes * self.framing.value
         # those still on the line when this transfer's first byte comes share it
         shared = sum(min(o.left, nbytes) for o in self._at(now + self.lag_s))
+        way = (self.way_shared if shared else self.way_alone).value
         line_s = (nbytes + shared) / self.goodput
         # its window against the pipe at the rate it gets (its share)
         share = self.rate * nbytes / (nbytes + shared)
         spread = jitter_spread_s(nbytes, share, self.jitter)
         seconds = self._flow(nbytes, share, window).extra_s + line_s + spread
-        return WanPrediction(queued, own_bytes, self.goodput, seconds, round(window.cwnd))
+        return WanPrediction(queued, own_bytes, self.goodput, seconds, round(window.cwnd), way)
 
     def start(self, room: int, nbytes: int) -> None:
         self._drain(self.clock())
@@ -315,6 +318,8 @@ class WanLine:
         shared = any(f < end and first < e for f, e in self.recent) or any(
             o.started < end and o.left > 0 for o in self.outstanding.values()
         )
+        if record.sender_first_byte:  # its first byte's way, and whether others were on
+            self._learn_way(record.first_byte, record.first_byte - record.sender_first_byte)
         self.recent.append((first, end))
         if shared:
             return
@@ -325,6 +330,13 @@ class WanLine:
         while len(self.unlearned) > MAX_UNLEARNED:  # its sender's line never came
             oldest, window = self.unlearned.pop(next(iter(self.unlearned)))
             self._learn(oldest, window, oldest.retransmits)
+
+    def _learn_way(self, arrived: float, way: float) -> None:
+        """A first byte's way: alone, or behind another's standing queue (hetero: 0.6 s, 1.0 s)."""
+        behind = any(f < arrived < e for f, e in self.recent) or any(
+            o.started + self.lag_s < arrived and o.left > 0 for o in self.outstanding.values()
+        )
+        (self.way_shared if behind else self.way_alone).add(max(0.0, way))
 
     def _learn(self, record: TransferRecord, window: Congestion, resent: int) -> None:
         """A transfer that had the line to itself, without a retransmission (``resent``:

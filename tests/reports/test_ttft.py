@@ -151,3 +151,29 @@ def test_the_error_table_says_which_transfers_the_model_had_wrong_inputs_for():
     run = RunData(path=None, scenario={}, systems={"pdd": SystemRun("pdd", older, {})})
     err = ttft.prediction_error(run).iloc[0]
     assert pd.isna(err["window_miss_share"]) and err["bytes_miss_share"] == pytest.approx(0.2)
+
+
+def test_the_span_is_scored_where_records_have_it_and_first_to_last_beside_it():
+    """The KV's span (P's first byte out to MD's last in) is what the error scores; the
+    receiver's first-to-last time, whose start is one draw of the line's jitter, is
+    shown beside it. Runs older than the span's columns are scored on first-to-last."""
+
+    def transfer(i, predicted, measured, **span) -> dict:
+        return rec(
+            i, "P->MD", 102.0, prefill=100.1, held=101.9, kv_link="wan",
+            predicted_wan_s=predicted, kv_transfer_s=measured, **span,
+        )  # fmt: skip
+
+    # the first byte's draw: 0.2 s first-to-last against 0.25 predicted (25% off) where
+    # the span, 0.8 s out of the sender to in, was predicted 0.85 (6%)
+    spans = [transfer(i, 0.25, 0.2, predicted_kv_span_s=0.85, kv_span_s=0.8) for i in range(3)]
+    run = RunData(
+        path=None, scenario={}, systems={"pdd": SystemRun("pdd", pd.DataFrame(spans), {})}
+    )
+    err = ttft.prediction_error(run).iloc[0]
+    assert err["measure"] == "span" and err["error_p50"] == pytest.approx(0.0625)
+    assert err["first_to_last_p50"] == pytest.approx(0.25)
+    old = pd.DataFrame([transfer(i, 0.25, 0.2) for i in range(3)])
+    run = RunData(path=None, scenario={}, systems={"pdd": SystemRun("pdd", old, {})})
+    err = ttft.prediction_error(run).iloc[0]
+    assert err["measure"] == "first_to_last" and err["error_p50"] == pytest.approx(0.25)

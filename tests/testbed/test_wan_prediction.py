@@ -104,14 +104,14 @@ def test_transfers_that_shared_the_line_do_not_train_the_fit():
     line.settle(2, settled(2, 40 * MB, 20.0, end=clock.now))
     clock.now += 2.0
     line.settle(3, settled(3, 4 * MB, 3.0, end=clock.now))  # ... so it shared the line too
-    assert line.goodput == pytest.approx(4 * MB)
+    assert not line.achieved.samples
     clock.now += 5.0
     line.start(4, 4 * MB)  # settled only later, when the router next looks ...
     clock.now += 3.0
     line.start(5, MB)  # ... so 5 was routed while 4 was outstanding, but after it ended
     line.settle(4, settled(4, 4 * MB, 2.0, end=clock.now - 0.5))
     line.sender_end(4, sent(4))
-    assert line.goodput < 4 * MB  # 4 had the line to itself: it trains the fit
+    assert list(line.achieved.samples) == [pytest.approx(2 * MB)]  # 4 had the line alone
 
 
 def test_a_transfer_no_log_ever_settles_is_dropped_after_a_while():
@@ -233,15 +233,15 @@ def test_a_lone_transfer_is_learned_with_its_senders_final_retransmission_count(
     line.start(1, 2 * MB)
     clock.now += 16.0
     line.settle(1, settled(1, 2 * MB, 16.0, end=clock.now))  # 0 at the Done frame
-    assert line.goodput == 2 * MB  # not learned yet: the sender's count is not in
+    assert not line.achieved.samples  # not learned yet: the sender's count is not in
     line.sender_end(1, sent(1, retransmits=163))
-    assert line.goodput == 2 * MB  # a loss, not the line's rate
+    assert not line.achieved.samples  # a loss, not the line's rate
     clock.now += 1.0  # the sender's line first, then the receiver's: learned at once
     line.start(2, MB)
     clock.now += 1.0
     line.sender_end(2, sent(2))
     line.settle(2, settled(2, MB, 1.0, end=clock.now))
-    assert line.goodput == pytest.approx(MB)
+    assert list(line.achieved.samples) == [pytest.approx(MB)]
 
 
 def test_a_lossless_transfer_teaches_the_goodput_and_a_lossy_one_nothing():
@@ -252,9 +252,9 @@ def test_a_lossless_transfer_teaches_the_goodput_and_a_lossy_one_nothing():
     line = WanLine(rate_bytes_s=rate, one_way_s=0.01, clock=clock, loss=loss)
     full = {"cwnd_bytes": MB}  # a window past the pipe: no slow start to explain
     alone(line, clock, 1, 2 * MB, 2 * MB / rate + 0.5, retransmits=2, **full)
-    assert line.goodput == pytest.approx(rate)
+    assert not line.achieved.samples
     alone(line, clock, 2, MB, MB / (7.5 * MB), **full)
-    assert line.goodput == pytest.approx(7.5 * MB)
+    assert list(line.achieved.samples) == [pytest.approx(7.5 * MB)]
 
 
 def test_a_routed_transfer_drains_only_from_when_its_first_byte_is_due():
@@ -337,7 +337,8 @@ def test_slow_starts_rounds_teach_the_round_trip_they_took():
     assert line.goodput == rate
     # a transfer that needs no round (a window past the pipe) teaches the goodput
     alone(line, clock, 4, int(0.5 * MB), 0.5 * MB / (11 * MB), cwnd_bytes=MB)
-    assert line.goodput == pytest.approx(11 * MB) and len(line.round_trip.samples) == 2
+    assert list(line.achieved.samples) == [pytest.approx(11 * MB)]
+    assert len(line.round_trip.samples) == 2
 
 
 def test_the_line_predicts_the_wires_bytes_frame_headers_included():
