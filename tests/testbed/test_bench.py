@@ -78,6 +78,13 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     assert (pdd["eager_tokens"] > 0).any()  # relay decode streamed under load
     to_md = pdd[pdd["pipeline"].isin(["P->MD", "P->RLD->MD"])]
     assert to_md["predicted_wan_s"].notna().all()  # each KV to MD carries its prediction
+    # ... and its span, from P's first byte out: one way (10 ms, ±1 ms jitter) more than
+    # the receiver's first to last byte, predicted (the line's way across) and measured
+    # (the sender's stamp came in the Done frame; every cross_site_pd KV crossed)
+    way = to_md["predicted_kv_span_s"] - to_md["predicted_wan_s"]
+    assert way.between(0.008, 0.1).all(), way
+    cross = run.systems["cross_site_pd"].records
+    assert ((cross["kv_span_s"] - cross["kv_transfer_s"]) > 0.008).all(), cross["kv_span_s"]
     for name, s in run.systems.items():  # where each first token's time went
         split = ttft_parts_that_add_up(s.records, name)
         assert split[TtftPart.SERVER].isna().all(), (name, split)  # stamps joined from logs
