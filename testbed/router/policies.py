@@ -60,14 +60,16 @@ class Loads:
         if server is None or switched or len(token_times) < 3:
             return
         gaps = sorted(b - a for a, b in zip(token_times, token_times[1:], strict=False))
-        gap = gaps[len(gaps) // 2]
-        old = self.itl.get(server)
-        self.itl[server] = gap if old is None else old + self.ITL_WEIGHT * (gap - old)
+        self._decay(self.itl, server, gaps[len(gaps) // 2])
 
     def learn_extend(self, server: str, seconds: float) -> None:
         """A catch-up batch sent to main decode ``server`` came back EXTENDED."""
-        old = self.extend_s.get(server)
-        self.extend_s[server] = seconds if old is None else old + self.ITL_WEIGHT * (seconds - old)
+        self._decay(self.extend_s, server, seconds)
+
+    def _decay(self, average: dict[str, float], server: str, sample: float) -> None:
+        """``server``'s decaying average moved ``ITL_WEIGHT`` of the way to ``sample``."""
+        old = average.get(server)
+        average[server] = sample if old is None else old + self.ITL_WEIGHT * (sample - old)
 
     def least_loaded(self, servers: list[ServerEntry]) -> ServerEntry:
         if not servers:
