@@ -15,7 +15,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from topologies.network import Network
@@ -179,7 +179,7 @@ def loss_tolerance_pct(loss_pct: float, packets: int) -> float:
 
 def read_again(read: Callable[[], list[Measurement]]) -> list[Measurement]:
     """A measurement's rows, read again when one is out of tolerance: the reading with
-    more rows within it (the first on a tie).
+    more rows within it (the first on a tie), its tolerance marked so.
 
     A shaper or delay line that is wrong reads wrong twice; a reading that a stall of
     this shared machine skewed (a sender, ping or the delay daemon waiting a moment for
@@ -191,7 +191,8 @@ def read_again(read: Callable[[], list[Measurement]]) -> list[Measurement]:
     if all(row.ok for row in first):
         return first
     second = read()
-    return second if sum(r.ok for r in second) > sum(r.ok for r in first) else first
+    kept = second if sum(r.ok for r in second) > sum(r.ok for r in first) else first
+    return [replace(r, tolerance=f"{r.tolerance} (of 2 readings)") for r in kept]
 
 
 def rtt_rows(net: Network, src: str, dst: str) -> list[Measurement]:

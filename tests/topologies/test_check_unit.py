@@ -122,6 +122,8 @@ def test_a_reading_out_of_tolerance_is_read_again_and_the_better_one_stands():
     assert read_again(reader(12.0, 11.0))[0].measured == 12.0  # wrong twice: the first
     assert not read_again(reader(12.0, 11.0))[0].ok
     assert read_again(reader(19.0))[0].measured == 19.0  # within: read once
+    assert read_again(reader(19.0))[0].tolerance == "±2"
+    assert read_again(reader(17.4, 19.6))[0].tolerance == "±2 (of 2 readings)"
     assert read_again(reader(25.0, 20.5))[0].measured == 20.5  # too high, then within
 
 
