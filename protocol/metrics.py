@@ -49,8 +49,10 @@ class TtftPart(StrEnum):
     """
 
     QUEUE = "queue_s"  # arrival → dispatched: the router, incl. the previous turn's alignment
-    PREFILL = "prefill_s"  # dispatched → P's first KV byte: prefill's wait and compute
-    KV = "kv_s"  # P's first KV byte → the first token's decoder holds the KV
+    # dispatched → P's first KV byte, and the wire's idle while P computed the prompt's
+    # later chunks (the sender's wait): prefill's wait and compute
+    PREFILL = "prefill_s"
+    KV = "kv_s"  # ... → the first token's decoder holds the KV (less that idle)
     FIRST_DECODE = "first_decode_s"  # KV held → first token at the router
     SERVER = "server_s"  # colocated: dispatched → first token (wait, prefill, decode)
 

@@ -70,6 +70,9 @@ class RequestRecord(TokenTimes):
     prefill_first_byte: float | None = None  # P sent its first KV byte: prefill computed
     kv_first_byte: float | None = None  # the first token's decoder: KV first byte received
     kv_end: float | None = None  # ... and the whole KV held
+    # ... while the wire idled this long in between, P computing the prompt's later
+    # chunks (a chunked prefill sends as it computes; the sender's wait, Done frame)
+    kv_sender_wait_s: float | None = None
     wan_first_byte: float | None = None  # main decode's KV over the WAN: first byte received
     wan_end: float | None = None  # ... and all of it
     handoff_extended: float | None = None  # MD finished the final handoff's extend forward

@@ -29,10 +29,14 @@ def parts(records: pd.DataFrame) -> pd.DataFrame:
     )
     prefill, held = _num(ok["prefill_first_byte"]), _num(ok["kv_end"])
     transferred = prefill.notna() & held.notna()
+    # P computed the prompt's later chunks while the wire idled (hetero: 2-3 s of a
+    # P->MD turn's KV part): prefill's, not the KV's
+    wait = _num(ok.get("kv_sender_wait_s", pd.Series(0.0, index=ok.index))).fillna(0.0)
+    computed = (prefill + wait).clip(upper=held)
     out = pd.DataFrame({"pipeline": ok["pipeline"], "ttft_s": first - arrival})
     out[TtftPart.QUEUE] = dispatched - arrival
-    out[TtftPart.PREFILL] = (prefill - dispatched).where(transferred)
-    out[TtftPart.KV] = (held - prefill).where(transferred)
+    out[TtftPart.PREFILL] = (computed - dispatched).where(transferred)
+    out[TtftPart.KV] = (held - computed).where(transferred)
     out[TtftPart.FIRST_DECODE] = (first - held).where(transferred)
     out[TtftPart.SERVER] = (first - dispatched).where(~transferred)
     return out

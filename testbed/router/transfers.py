@@ -170,6 +170,7 @@ class TransferIndex:
         record.prefill_first_byte = min((t for t in sent if t), default=None)
         if held is not None and held.ok:
             record.kv_first_byte, record.kv_end = held.first_byte, held.end
+            record.kv_sender_wait_s = held.sender_wait_s
         if route.main_decode is not None and route.main_decode.transfer_log is not None:
             final = [h for h in logs.handoffs(room, route.main_decode.transfer_log) if h.final]
             record.handoff_extended = final[-1].extended_at if final else None

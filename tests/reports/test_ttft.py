@@ -177,3 +177,21 @@ def test_the_span_is_scored_where_records_have_it_and_first_to_last_beside_it():
     run = RunData(path=None, scenario={}, systems={"pdd": SystemRun("pdd", old, {})})
     err = ttft.prediction_error(run).iloc[0]
     assert err["measure"] == "first_to_last" and err["error_p50"] == pytest.approx(0.25)
+
+
+def test_prefills_later_chunks_count_as_prefill_not_as_kv():
+    """A chunked prefill sends its first chunk's KV and then computes the rest while the
+    wire idles (the sender's wait, in the Done frame): that time is prefill's (hetero:
+    2-3 s of P->MD turns' KV part). The parts still add up."""
+    frame = pd.DataFrame(
+        [
+            rec(0, "P->MD", 104.0, prefill=100.5, held=103.3, kv_sender_wait_s=2.5),
+            rec(1, "P->MD", 101.0, prefill=100.5, held=100.8, kv_sender_wait_s=9.0),  # > held
+        ]
+    )
+    p = ttft.parts(frame)
+    assert p.loc[0, TtftPart.PREFILL] == pytest.approx(100.5 + 2.5 - 100.01)
+    assert p.loc[0, TtftPart.KV] == pytest.approx(0.3)
+    assert p.loc[1, TtftPart.KV] == 0.0  # never past the KV held
+    sums = p[[x.value for x in TtftPart]].sum(axis=1, min_count=1)
+    assert (sums - p["ttft_s"]).abs().max() < 1e-9
