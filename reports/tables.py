@@ -84,6 +84,14 @@ def goodput_bcr(run: RunData) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def sla_met(run: RunData, name: str) -> tuple[np.ndarray, float]:
+    """Whether each of system ``name``'s requests met the SLA, and the run's span: its
+    SLA goodput is their sum over the span."""
+    recs = _records(run.systems[name].records)
+    sla = SLA(**run.scenario["sla"])
+    return np.array([sla.met(r) for r in recs], dtype=float), span_s(recs)
+
+
 def _wan_receives(s) -> pd.Series:
     """Transfer-log rows of KV received across the WAN: the decode side of servers in
     another site than prefill (pdd's relay decode receives over the LAN)."""

@@ -10,7 +10,7 @@ import pandas as pd
 from protocol.metrics import percentile
 from reports import hetero, spread, ttft
 from reports.run_data import RunData
-from reports.tables import goodput_bcr, latency
+from reports.tables import goodput_bcr, latency, sla_met
 
 
 def targets(run: RunData) -> pd.DataFrame:
@@ -74,10 +74,11 @@ def targets(run: RunData) -> pd.DataFrame:
     if {"pdd", "cross_site_pd"} <= set(good.index):
         p, c = good.loc["pdd", "sla_goodput_rps"], good.loc["cross_site_pd", "sla_goodput_rps"]
         ratio = p / c if c else float("inf")
+        interval = spread.goodput_ratio_interval(sla_met(run, "pdd"), sla_met(run, "cross_site_pd"))
         row(
             "SLA goodput pdd >= 1.25x cross_site_pd",
             ratio >= 1.25,
-            f"{p:.2f} vs {c:.2f} req/s (x{ratio:.2f})",
+            f"{p:.2f} vs {c:.2f} req/s (x{ratio:.2f}{spread.said(interval)})",
             "pdd",
             "cross_site_pd",
         )
