@@ -45,9 +45,7 @@ def ratio_interval(
     for i in range(resamples):
         num, den = _resampled(a, q, rng), _resampled(b, q, rng)
         ratios[i] = num / den if den > 0 else np.inf
-    tail = (1 - LEVEL) / 2 * 100
-    low, high = np.percentile(ratios, [tail, 100 - tail])
-    return float(low), float(high)
+    return _ends(ratios)
 
 
 def goodput_ratio_interval(
@@ -66,6 +64,11 @@ def goodput_ratio_interval(
     num = a_met[rng.integers(0, len(a_met), (resamples, len(a_met)))].sum(axis=1) / a_span
     den = b_met[rng.integers(0, len(b_met), (resamples, len(b_met)))].sum(axis=1) / b_span
     ratios = np.divide(num, den, out=np.full(resamples, np.inf), where=den > 0)
+    return _ends(ratios)
+
+
+def _ends(ratios: np.ndarray) -> tuple[float, float]:
+    """The interval's ends: the ratios' 5th and 95th percentiles (``LEVEL``)."""
     tail = (1 - LEVEL) / 2 * 100
     low, high = np.percentile(ratios, [tail, 100 - tail])
     return float(low), float(high)

@@ -315,11 +315,11 @@ class WanLine:
             self._returned(_Idle(room, window, self._as_of, rank, conn))
         self._forget_ended()
         first, end = record.wire_end - record.seconds, record.wire_end
-        shared = any(f < end and first < e for f, e in self.recent) or any(
-            o.started < end and o.left > 0 for o in self.outstanding.values()
-        )
-        if record.sender_first_byte:  # its first byte's way, and whether others were on
-            self._learn_way(record.first_byte, record.first_byte - record.sender_first_byte)
+        shared = self._others_on(first, end, lag=0.0)
+        if record.sender_first_byte:  # its first byte's way, alone or behind another's
+            way = max(0.0, record.first_byte - record.sender_first_byte)
+            behind = self._others_on(record.first_byte, record.first_byte, lag=self.lag_s)
+            (self.way_shared if behind else self.way_alone).add(way)
         self.recent.append((first, end))
         if shared:
             return
@@ -331,12 +331,12 @@ class WanLine:
             oldest, window = self.unlearned.pop(next(iter(self.unlearned)))
             self._learn(oldest, window, oldest.retransmits)
 
-    def _learn_way(self, arrived: float, way: float) -> None:
-        """A first byte's way: alone, or behind another's standing queue (hetero: 0.6 s, 1.0 s)."""
-        behind = any(f < arrived < e for f, e in self.recent) or any(
-            o.started + self.lag_s < arrived and o.left > 0 for o in self.outstanding.values()
+    def _others_on(self, first: float, end: float, lag: float) -> bool:
+        """Whether another transfer was on the line between ``first`` and ``end``: settled,
+        or outstanding with its first byte due (``lag`` after routing) before ``end``."""
+        return any(f < end and first < e for f, e in self.recent) or any(
+            o.started + lag < end and o.left > 0 for o in self.outstanding.values()
         )
-        (self.way_shared if behind else self.way_alone).add(max(0.0, way))
 
     def _learn(self, record: TransferRecord, window: Congestion, resent: int) -> None:
         """A transfer that had the line to itself, without a retransmission (``resent``:

@@ -269,9 +269,14 @@ def test_wan_cut_mid_transfer_relay_decode_finishes_the_request(pdd, colocated):
     assert md_transfer.status == "failed" and md_transfer.reason
     fresh = [rng.randrange(10, 4000) for _ in range(300)]
     assert stream(pdd, fresh, 120, "after-cut") == reference_output(colocated, fresh, 120)
-    rec = record_of(pdd, "after-cut")  # the WAN is back: main decode takes over again
+    rec = record_of(pdd, "after-cut")  # the WAN is back: main decode gets KV and handoff
     assert rec.handoff_mode in ("one-shot", "catch-up") and rec.kv_link == "wan"
-    assert rec.decode_server.startswith("main_decode")
+    assert not rec.fallback and rec.handoff_extended is not None
+    (md_transfer,) = md_transfers(pdd, rec.room)
+    assert md_transfer.ok
+    # Who streams the last tokens is the switch's call on two shared cores' pace: relay
+    # decode may finish 120 tokens before main decode caught up (a full CI run once did).
+    assert rec.decode_server.startswith("main_decode") or rec.relay_stop_reason is None
 
 
 def test_malformed_frames_to_the_handoff_listener_close_the_connection(pdd, colocated):
