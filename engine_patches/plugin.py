@@ -22,10 +22,12 @@ def load() -> None:
     from engine_patches import drc_align, idle
     from engine_patches.cpu import decode_attention, extend_attention, fork_start
     from engine_patches.handoff.register import register as register_handoff
+    from engine_patches.kv_transfer import prefix_wait
     from engine_patches.kv_transfer.register import register as register_tcp_backend
     from engine_patches.pacing import hook as pacing
 
     register_tcp_backend()
+    prefix_wait.register()  # decode servers with servers.decode_prefix_wait
     idle.register()
     register_handoff()
     drc_align.register()

@@ -26,6 +26,7 @@ class Env(StrEnum):
     KV_IDLE_TIMEOUT_S = "PDD_KV_IDLE_TIMEOUT_S"
     KV_LATE_LEG_TIMEOUT_S = "PDD_KV_LATE_LEG_TIMEOUT_S"
     KV_POOL_REUSE_TIMEOUT_S = "PDD_KV_POOL_REUSE_TIMEOUT_S"  # a pooled connection's reuse
+    DECODE_PREFIX_WAIT = "PDD_DECODE_PREFIX_WAIT"  # "1": decode waits for a prefix on its way
     KV_PACING = "PDD_KV_PACING"  # "1": prefill's KV connections pace their sends (servers.)
     # SGLang's own (read by SGLang, not the plugin): its HTTP server's keep-alive (whole s)
     HTTP_KEEP_ALIVE_S = "SGLANG_TIMEOUT_KEEP_ALIVE"

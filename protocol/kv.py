@@ -33,6 +33,15 @@ class TransferRequest:
         return cls(prefix, aux, digest, pages.astype(np.int32))
 
 
+def common_prefix(a, b) -> int:
+    """How many leading tokens two prompts share: the KV one's decode can reuse of the
+    other's (token id sequences: arrays or lists)."""
+    a, b = np.asarray(a), np.asarray(b)
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(a[:n] != b[:n])
+    return int(differ[0]) if len(differ) else n
+
+
 # KV connections are pooled per decode server and prefill (a warm congestion window: no
 # slow start per request on a long-RTT WAN). Decode reuses the warmest connection (the
 # largest window its sender reported: its Window frame, else its Done frame; then the

@@ -86,6 +86,9 @@ def serve(
     handoff_park_timeout: float = typer.Option(
         PARK_TIMEOUT_S, help="Main decode: end a request holding its KV but no handoff after."
     ),
+    decode_prefix_wait: bool = typer.Option(
+        True, help="Decode: hold a request back while most of its prompt's KV is on its way."
+    ),
     frame_key_file: Path = typer.Option(
         None,
         help="The deployment's frame key (hex, as `testbed key` writes it): KV and handoff "
@@ -115,6 +118,8 @@ def serve(
         env.append((Env.KV_TRANSFER_LOG, str(transfer_log)))
     if handoff_port is not None:
         env.append((Env.HANDOFF_PORT, str(handoff_port)))
+    if decode_prefix_wait:
+        env.append((Env.DECODE_PREFIX_WAIT, "1"))
     frame_key = read_frame_key(frame_key_file) if frame_key_file is not None else ""
     if frame_key:
         env.append((Env.FRAME_KEY, frame_key))

@@ -70,6 +70,11 @@ class ServersSpec(BaseModel):
         0.2, gt=0, le=1, description="Memory budget share; the pool is still max_total_tokens."
     )
     decode_radix_cache: bool = Field(True, description="Decode-side prefix cache (DRC).")
+    decode_prefix_wait: bool = Field(
+        True,
+        description="Decode holds a request back while most of its uncached prompt's "
+        "KV is on its way in another's (engine_patches.kv_transfer.prefix_wait).",
+    )
     frame_auth: bool = Field(
         True,
         description="Authenticate every KV and handoff frame (HMAC-SHA256 under a fresh "

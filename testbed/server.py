@@ -284,6 +284,8 @@ def server_env(cfg, transfer_log: Path, handoff_port: int | None = None, frame_k
     ]
     if cfg.kv_pacing:
         env.append((Env.KV_PACING, "1"))
+    if cfg.decode_prefix_wait:
+        env.append((Env.DECODE_PREFIX_WAIT, "1"))
     if frame_key:
         env.append((Env.FRAME_KEY, frame_key))
     if handoff_port is not None:

@@ -2,7 +2,8 @@
 
 Lifecycle of one PDD request on MD (its rid starts with ``PARK_PREFIX``)::
 
-    PD decode request ─KV transfer succeeds─▶ parked (not in any batch; KV held)
+    PD decode request ─KV transfer succeeds─▶ parked (not in any batch; KV held, its
+             prompt in the prefix cache: ``publish_prompt``)
       parked ─HANDOFF(t2..tk)─▶ one EXTEND forward over t1..t(k-1) ─▶ parked
              (catch-up: repeated per batch while relay decode keeps decoding)
       parked ─HANDOFF(final)─▶ extend ─▶ waiting queue ─▶ SGLang's PREBUILT merge:
@@ -138,6 +139,7 @@ class HandoffService:
                 out.append(req)
                 continue
             room = req.bootstrap_room
+            publish_prompt(self.scheduler, req)
             parked = Parked(req, time.monotonic(), watcher=self.watchers.pop(room, None))
             self.parked[room] = parked
             if parked.watcher is not None:
@@ -291,6 +293,21 @@ def predicts_safely(req, new_tokens: int) -> bool:
         and not getattr(params, "stop_regex_strs", None)
         and (params.max_new_tokens is None or after < params.max_new_tokens)
     )
+
+
+def publish_prompt(scheduler, req) -> None:
+    """Put a parked request's transferred prompt into decode's prefix cache, as SGLang's
+    PREBUILT merge does for every other transferred request (it merges a parked one only
+    after the final handoff): a request sharing the prompt then matches it, and prefill
+    sends only the rest (:mod:`engine_patches.kv_transfer.prefix_wait`)."""
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    committed = req.kv.kv_committed_len
+    if not committed or scheduler.tree_cache is None:
+        return
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    req.extend_end = committed
+    checkpoint_kv_cache(req, scheduler.tree_cache)
 
 
 def extend_parked(scheduler, req, new_tokens: list[int], through_last: bool = False):

@@ -31,13 +31,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protocol.kv import common_prefix
+
 MAX_EXPECTED = 1024  # sessions with an exchange MD is finishing (a bound, never reached)
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if len(differ) else n
 
 
 @dataclass(frozen=True)

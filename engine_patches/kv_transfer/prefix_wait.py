@@ -1,0 +1,130 @@
+"""Decode holds back a request whose prompt's KV is mostly on its way to it already.
+
+Sessions that open together with one system prompt each send it to decode: every
+request reaches decode before any of them holds the prefix, matches nothing in decode's
+prefix cache, and prefill sends the prefix once per request (hetero run 070409: four
+openings put ~35 MB of one 8.4 MB prefix's KV on a 1.6 MB/s WAN at once, three of them
+on new connections in slow start together; 170-266 retransmissions each, 51-55 s for
+what the line carries in 6-7).
+
+An AROUND hook on SGLang's ``DecodePreallocQueue.pop_preallocated`` keeps such a
+request out of preallocation (it stays queued; nothing is allocated for it) while a
+request whose KV is on its way here (in the transfer queue, transferred and not yet in
+the prefix cache, or ahead of it in this queue) shares at least half of what the cache
+lacks of its prompt (``holds_back``). Once that KV has arrived and its prompt is in the
+cache (SGLang's PREBUILT merge puts it there; a parked PDD request's when it is parked,
+:func:`engine_patches.handoff.md.publish_prompt`), the request matches it and prefill
+sends only the rest. Half: under a fair share of the line, a request that waits for the
+other's remaining bytes and then sends its own rest is done no later than one that sends
+everything beside it whenever most of what it lacks is coming anyway.
+
+A request waits at most ``late_leg / 2`` (a dual-path room's second leg must join
+within ``late_leg``, or prefill sends to the first only), then is preallocated as usual.
+
+Lifecycle of one request in decode's prealloc queue::
+
+    queued ─shares in-flight KV─▶ held ─that KV in the cache, or waited its most─▶
+    preallocated (SGLang's own path: matched, allocated, KV requested from prefill)
+
+Only on decode servers with the prefix cache (``--disaggregation-decode-enable-radix-
+cache``) and ``PDD_DECODE_PREFIX_WAIT=1`` (``servers.decode_prefix_wait``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from protocol.env import Env
+from protocol.kv import common_prefix
+
+POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
+
+logger = logging.getLogger("pdd.prefix_wait")
+
+
+def holds_back(prompt, cached: int, on_its_way: list, page_size: int = 1) -> int:
+    """Tokens of ``prompt`` coming in another request's KV (``on_its_way``: their
+    prompts) beyond the ``cached`` ones, if that is at least half of what the cache lacks
+    (and a page); else 0: the request need not wait."""
+    lacks = len(prompt) - cached
+    coming = max((common_prefix(prompt, other) for other in on_its_way), default=0)
+    extra = coming - cached
+    return extra if extra >= max(page_size, 1) and 2 * extra >= lacks else 0
+
+
+def _cached_tokens(tree, req) -> int:
+    """What decode's prefix cache holds of ``req``'s prompt (no lock taken)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.common import _req_radix_key
+
+    key = _req_radix_key(tree, req, req.origin_input_ids)
+    return int(tree.match_prefix(MatchPrefixParams(key=key, req=req)).device_prefix_len)
+
+
+class PrefixWait:
+    """One per decode prealloc queue: since when each held request waits."""
+
+    def __init__(self, max_wait_s: float) -> None:
+        self.max_wait_s = max_wait_s
+        self.since: dict[str, float] = {}
+
+    def split(self, queue) -> tuple[list, list]:
+        """The queue's requests to hold back now, and the others (queue order)."""
+        tree = queue.tree_cache
+        page = int(getattr(tree, "page_size", 1) or 1)
+        scheduler = queue.scheduler
+        coming = [r.req.origin_input_ids for r in queue.transfer_queue.queue]
+        coming += [r.origin_input_ids for r in scheduler.waiting_queue]
+        held, rest, now = [], [], time.monotonic()
+        for decode_req in queue.queue:
+            req = decode_req.req
+            waited = now - self.since.get(req.rid, now)
+            extra = 0
+            if coming and waited < self.max_wait_s and not decode_req.is_rebootstrap:
+                extra = holds_back(req.origin_input_ids, _cached_tokens(tree, req), coming, page)
+            if extra:
+                if req.rid not in self.since:
+                    logger.info(
+                        "room %s waits for %d tokens on their way", req.bootstrap_room, extra
+                    )
+                self.since.setdefault(req.rid, now)
+                held.append(decode_req)
+            else:
+                self.since.pop(req.rid, None)
+                rest.append(decode_req)
+            coming.append(req.origin_input_ids)  # a later request may share this one's
+        return held, rest
+
+
+def _wait_for(queue) -> PrefixWait | None:
+    """The queue's ``PrefixWait``, made at its first call (None without the prefix
+    cache: nothing would match)."""
+    if not hasattr(queue, "_pdd_prefix_wait"):
+        from sglang.srt.disaggregation.utils import get_disagg
+
+        from engine_patches.kv_transfer.manager import Timeouts
+
+        on = get_disagg().disaggregation_decode_enable_radix_cache
+        queue._pdd_prefix_wait = PrefixWait(Timeouts.from_env().late_leg / 2) if on else None
+    return queue._pdd_prefix_wait
+
+
+def _pop_preallocated_around(original, queue, *args, **kwargs):
+    wait = _wait_for(queue)
+    held, rest = wait.split(queue) if wait is not None else ([], queue.queue)
+    if not held:
+        return original(queue, *args, **kwargs)
+    queue.queue = rest
+    try:
+        return original(queue, *args, **kwargs)
+    finally:
+        queue.queue = held + queue.queue  # first in line again, in their order
+
+
+def register() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    if os.environ.get(Env.DECODE_PREFIX_WAIT) == "1":
+        HookRegistry.register(POP_PREALLOCATED, _pop_preallocated_around, HookType.AROUND)

@@ -1,0 +1,113 @@
+"""Which requests decode holds back for a prefix on its way (no servers: SGLang's queues
+and radix tree are stood in for by plain objects; the real path runs in
+tests/testbed/test_prefix_wait.py)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from engine_patches.kv_transfer import prefix_wait
+from engine_patches.kv_transfer.prefix_wait import PrefixWait, holds_back
+
+SHARED = list(range(100, 1124))  # a 1024-token system prompt
+
+
+def test_a_request_whose_uncached_prompt_is_mostly_on_its_way_waits():
+    prompt = SHARED + list(range(5000, 5300))  # lacks 1324, 1024 of them coming
+    assert holds_back(prompt, 0, [SHARED + [7, 8, 9]]) == 1024
+
+
+def test_what_the_cache_already_holds_is_not_waited_for():
+    prompt = SHARED + list(range(5000, 5300))
+    # the prefix is cached: the other request brings nothing more of it
+    assert holds_back(prompt, 1024, [SHARED + [7, 8, 9]]) == 0
+    # half cached, the rest coming (512 of the 812 lacked): waits for those
+    assert holds_back(prompt, 512, [SHARED]) == 512
+
+
+def test_a_small_share_of_what_is_lacked_is_sent_again_rather_than_waited_for():
+    prompt = SHARED[:100] + list(range(5000, 6000))  # 100 of 1100 coming
+    assert holds_back(prompt, 0, [SHARED]) == 0
+    exactly_half = SHARED[:500] + list(range(5000, 5500))
+    assert holds_back(exactly_half, 0, [SHARED]) == 500
+
+
+def test_less_than_a_page_is_not_waited_for():
+    prompt = SHARED[:10] + [1, 2]
+    assert holds_back(prompt, 0, [SHARED], page_size=16) == 0
+    assert holds_back(prompt, 0, [SHARED], page_size=1) == 10
+
+
+def test_nothing_on_its_way_nothing_to_wait_for():
+    assert holds_back(SHARED, 0, []) == 0
+
+
+def _queue(waiting: list[list[int]], in_transfer: list[list[int]], transferred=()):
+    """Stand-ins for SGLang's prealloc queue, transfer queue and scheduler."""
+
+    def decode_req(rid, ids):
+        return SimpleNamespace(
+            req=SimpleNamespace(rid=rid, origin_input_ids=ids, bootstrap_room=rid),
+            is_rebootstrap=False,
+        )
+
+    return SimpleNamespace(
+        tree_cache=SimpleNamespace(page_size=1),
+        queue=[decode_req(f"w{i}", ids) for i, ids in enumerate(waiting)],
+        transfer_queue=SimpleNamespace(
+            queue=[decode_req(f"t{i}", ids) for i, ids in enumerate(in_transfer)]
+        ),
+        scheduler=SimpleNamespace(
+            waiting_queue=[SimpleNamespace(origin_input_ids=ids) for ids in transferred]
+        ),
+    )
+
+
+@pytest.fixture
+def empty_tree(monkeypatch):
+    monkeypatch.setattr(prefix_wait, "_cached_tokens", lambda tree, req: 0)
+
+
+def test_the_first_of_several_openings_goes_and_the_others_wait_for_it(empty_tree):
+    openings = [SHARED + [i] * 50 for i in range(4)]
+    held, rest = PrefixWait(60).split(_queue(openings, []))
+    assert [r.req.rid for r in rest] == ["w0"]
+    assert [r.req.rid for r in held] == ["w1", "w2", "w3"]
+
+
+def test_requests_wait_for_kv_in_transfer_or_transferred_not_yet_cached(empty_tree):
+    q = _queue([SHARED + [1], [9] * 300], in_transfer=[SHARED + [2]])
+    held, rest = PrefixWait(60).split(q)
+    assert [r.req.rid for r in held] == ["w0"] and [r.req.rid for r in rest] == ["w1"]
+    q = _queue([SHARED + [1]], [], transferred=[SHARED + [3]])
+    held, _ = PrefixWait(60).split(q)
+    assert [r.req.rid for r in held] == ["w0"]
+
+
+def test_a_request_waits_at_most_its_bound(empty_tree, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(prefix_wait.time, "monotonic", lambda: now[0])
+    wait, q = PrefixWait(5.0), _queue([SHARED + [1]], in_transfer=[SHARED + [2]])
+    assert len(wait.split(q)[0]) == 1
+    now[0] += 4.9
+    assert len(wait.split(q)[0]) == 1
+    now[0] += 0.2  # past 5 s: preallocated as usual, the prefix sent again
+    held, rest = wait.split(q)
+    assert not held and len(rest) == 1 and not wait.since
+
+
+def test_the_hook_puts_held_requests_back_first_in_line(empty_tree):
+    q = _queue([SHARED + [1], [9] * 300], in_transfer=[SHARED + [2]])
+    q._pdd_prefix_wait = PrefixWait(60)
+    seen = []
+
+    def original(queue):  # SGLang's pop_preallocated: takes whatever it is shown
+        seen.append([r.req.rid for r in queue.queue])
+        queue.queue = []
+        return ["popped"]
+
+    assert prefix_wait._pop_preallocated_around(original, q) == ["popped"]
+    assert seen == [["w1"]]
+    assert [r.req.rid for r in q.queue] == ["w0"]

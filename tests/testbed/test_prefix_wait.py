@@ -1,0 +1,96 @@
+"""Main decode waits for a prompt prefix already on its way instead of having prefill
+send it again (engine_patches.kv_transfer.prefix_wait), on real SGLang servers over the
+emulated WAN (the ``pdd`` deployment of tests/testbed/conftest.py: 100 Mbit/s, 5 ms)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from protocol import headers
+from protocol.names import Pipeline
+from tests.conftest import reference_output
+from tests.testbed.pdd_deployment import record_of, stream
+from tests.testbed.test_pdd import md_log, md_transfers
+
+pytestmark = [pytest.mark.sglang, pytest.mark.netns]
+
+P_MD = {headers.PIPELINE: Pipeline.P_MD}
+
+
+def prompts(seed: str, shared: int, own: int, n: int) -> list[list[int]]:
+    rng = random.Random(seed)  # fresh tokens: nothing of them cached anywhere
+    prefix = [rng.randrange(10, 4000) for _ in range(shared)]
+    return [prefix + [rng.randrange(10, 4000) for _ in range(own)] for _ in range(n)]
+
+
+def md_transfer(pdd, session: str):
+    rec = record_of(pdd, session)
+    deadline = time.monotonic() + 10
+    while not md_transfers(pdd, rec.room) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    (transfer,) = md_transfers(pdd, rec.room)
+    assert transfer.ok
+    return transfer
+
+
+def test_two_requests_opening_with_one_prefix_send_it_over_the_wan_once(pdd, colocated):
+    """Two P->MD requests share 1500 of their 1600 tokens (12 MB of KV, ~1 s on the
+    line); the second reaches main decode while the first's KV is on the WAN. Main
+    decode holds it until that KV is in its prefix cache: the second transfer carries
+    its own 100 tokens, not the prefix again, and both streams stay token-exact."""
+    first, second = prompts("opening", 1500, 100, 2)
+    out = {}
+
+    def run(name, prompt):
+        out[name] = stream(pdd, prompt, 16, name, pins=P_MD)
+
+    threads = [threading.Thread(target=run, args=("open-a", first))]
+    threads[0].start()
+    time.sleep(0.3)  # A's KV is on its way to main decode when B's request reaches it
+    threads.append(threading.Thread(target=run, args=("open-b", second)))
+    threads[1].start()
+    for t in threads:
+        t.join(300)
+    assert out["open-a"] == reference_output(colocated, first, 16)
+    assert out["open-b"] == reference_output(colocated, second, 16)
+    a, b = md_transfer(pdd, "open-a"), md_transfer(pdd, "open-b")
+    assert a.decode_prefix_len == 0  # A's prefix crossed once...
+    per_token = a.kv_bytes / 1600
+    assert b.decode_prefix_len >= 1500 // b.page_size * b.page_size  # ...B matched it at MD
+    assert b.kv_bytes <= (1600 - b.decode_prefix_len) * per_token + 1
+    assert b.first_byte >= a.end  # B's KV moved once A's was in
+
+
+def test_a_parked_requests_prompt_is_in_main_decodes_prefix_cache(pdd, colocated):
+    """A relayed request's KV waits on main decode, parked, until its handoff; its prompt
+    is in main decode's prefix cache from when it arrived, so a P->MD request sharing
+    it (sent while the first still streams from relay decode) has only its own tokens
+    sent."""
+    first, second = prompts("parked", 1200, 80, 2)
+    pin = {headers.PIPELINE: Pipeline.P_RLD_MD, headers.HANDOFF_AT: "150"}
+    out, before = {}, len(md_log(pdd, "decode"))
+    relayed = threading.Thread(
+        target=lambda: out.setdefault("a", stream(pdd, first, 200, "parked-a", pins=pin))
+    )
+    relayed.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(md_log(pdd, "decode")) == before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (a,) = md_log(pdd, "decode")[before:]  # A's KV is on MD, parked until its handoff
+        assert a.ok and a.decode_prefix_len == 0
+        assert stream(pdd, second, 16, "parked-b", pins=P_MD) == reference_output(
+            colocated, second, 16
+        )
+    finally:
+        relayed.join(300)
+    assert out["a"] == reference_output(colocated, first, 200)
+    assert record_of(pdd, "parked-a").handoff_mode in ("one-shot", "catch-up")
+    b = md_transfer(pdd, "parked-b")
+    assert b.first_byte < record_of(pdd, "parked-a").handoff_sent  # before A's handoff
+    assert b.decode_prefix_len >= 1200 // b.page_size * b.page_size
+    assert b.kv_bytes <= (1280 - b.decode_prefix_len) * a.kv_bytes / 1280 + 1
