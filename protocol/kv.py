@@ -42,6 +42,21 @@ def common_prefix(a, b) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+def holds_back(prompt, cached: int, on_its_way: list, page_size: int = 1) -> tuple[int, int]:
+    """Decode holds a request back while another's KV on its way to it (``on_its_way``:
+    their prompts) brings at least half of what its prefix cache lacks of ``prompt``
+    beyond the ``cached`` tokens (and a page): those tokens, and which of them it waits
+    for; else (0, -1). (engine_patches.kv_transfer.prefix_wait; the router mirrors it.)"""
+    shares = [common_prefix(prompt, other) for other in on_its_way]
+    if not shares:
+        return 0, -1
+    best = max(range(len(shares)), key=shares.__getitem__)
+    extra = shares[best] - cached
+    if extra >= max(page_size, 1) and 2 * extra >= len(prompt) - cached:
+        return extra, best
+    return 0, -1
+
+
 # KV connections are pooled per decode server and prefill (a warm congestion window: no
 # slow start per request on a long-RTT WAN). Decode reuses the warmest connection (the
 # largest window its sender reported: its Window frame, else its Done frame; then the

@@ -105,6 +105,8 @@ class RequestRecord(TokenTimes):
     wan_own_bytes: int | None = None  # the KV bytes predicted (MD's predicted miss)
     wan_goodput_bytes_s: float | None = None  # the prediction's line goodput (bytes/s)
     wan_cwnd_bytes: int | None = None  # the window the model gave its connection
+    wan_held_s: float | None = None  # predicted: MD holds it back for a prefix on its way
+    wan_held_for: int | None = None  # ... for the transfer of this room
     kv_bytes: int | None = None  # KV payload moved for this request
     kv_wire_bytes: int | None = None
     kv_link: str | None = None  # lan | wan

@@ -11,8 +11,9 @@ An AROUND hook on SGLang's ``DecodePreallocQueue.pop_preallocated`` keeps such a
 request out of preallocation (it stays queued; nothing is allocated for it) while a
 request whose KV is on its way here (in the transfer queue, transferred and not yet in
 the prefix cache, or ahead of it in this queue) shares at least half of what the cache
-lacks of its prompt (``holds_back``). Once that KV has arrived and its prompt is in the
-cache (SGLang's PREBUILT merge puts it there; a parked PDD request's when it is parked,
+lacks of its prompt (``protocol.kv.holds_back``; the router predicts with it too).
+Once that KV has arrived and its prompt is in the cache (SGLang's PREBUILT merge puts
+it there; a parked PDD request's when it is parked,
 :func:`engine_patches.handoff.md.publish_prompt`), the request matches it and prefill
 sends only the rest. Half: under a fair share of the line, a request that waits for the
 other's remaining bytes and then sends its own rest is done no later than one that sends
@@ -37,21 +38,11 @@ import os
 import time
 
 from protocol.env import Env
-from protocol.kv import common_prefix
+from protocol.kv import holds_back
 
 POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
 
 logger = logging.getLogger("pdd.prefix_wait")
-
-
-def holds_back(prompt, cached: int, on_its_way: list, page_size: int = 1) -> int:
-    """Tokens of ``prompt`` coming in another request's KV (``on_its_way``: their
-    prompts) beyond the ``cached`` ones, if that is at least half of what the cache lacks
-    (and a page); else 0: the request need not wait."""
-    lacks = len(prompt) - cached
-    coming = max((common_prefix(prompt, other) for other in on_its_way), default=0)
-    extra = coming - cached
-    return extra if extra >= max(page_size, 1) and 2 * extra >= lacks else 0
 
 
 def _cached_tokens(tree, req) -> int:
@@ -83,7 +74,8 @@ class PrefixWait:
             waited = now - self.since.get(req.rid, now)
             extra = 0
             if coming and waited < self.max_wait_s and not decode_req.is_rebootstrap:
-                extra = holds_back(req.origin_input_ids, _cached_tokens(tree, req), coming, page)
+                cached = _cached_tokens(tree, req)
+                extra, _ = holds_back(req.origin_input_ids, cached, coming, page)
             if extra:
                 if req.rid not in self.since:
                     logger.info(

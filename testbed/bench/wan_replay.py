@@ -128,8 +128,9 @@ def replay(system_dir: Path) -> list[Replayed]:
         if kind == ROUTED:
             # the bytes the router predicted for (its prefix mirror's), where recorded
             nbytes = item.get("wan_own_bytes") or received[item["room"]].kv_bytes
-            predicted = line.predict(nbytes).span_s
-            line.start(item["room"], nbytes)
+            after = item.get("wan_held_for")  # MD held it back for that transfer
+            predicted = line.predict(nbytes, after).span_s
+            line.start(item["room"], nbytes, after)
             # the KV's span on the line, as the report scores it (its receiver's line
             # has the sender's first byte); the record's, for runs older than the span
             measured = item.get("kv_span_s") or (

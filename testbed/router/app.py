@@ -45,7 +45,7 @@ from testbed.router.direct import DirectPipeline
 from testbed.router.health import Health
 from testbed.router.live import LiveStats
 from testbed.router.openai import CHAT, COMPLETIONS, OpenAIFront
-from testbed.router.policies import Loads, PddPolicy, Route, make_policy
+from testbed.router.policies import Loads, PddPolicy, Route, make_policy, prompt_tokens
 from testbed.router.relay import RelayedPipeline
 from testbed.router.tokens import RouterTokenizer
 from testbed.router.transfers import TransferIndex
@@ -219,7 +219,7 @@ class Router:
                 dual_path=route.pipeline == Pipeline.P_RLD_MD,
                 early_start=route.pipeline == Pipeline.P_MD,
             )
-        self._on_wan(route, record)
+        self._on_wan(route, record, body)
         busy = [s.name for s in (route.prefill, route.stream_from, route.main_decode) if s]
         for name in busy:
             self.loads.in_flight[name] += 1
@@ -320,12 +320,15 @@ class Router:
             return
         if side == "decode" and log in self._wan_logs:
             self.policy.wan.settle(transfer.room, transfer)
+            if isinstance(self.policy, PddPolicy):
+                self.policy.mirror.arrived(transfer.room, transfer.ok)
         elif side == "prefill" and transfer.peer.rsplit(":", 1)[0] in self._far_hosts:
             self.policy.wan.sender_end(transfer.room, transfer)
 
-    def _on_wan(self, route: Route, record: RequestRecord) -> None:
+    def _on_wan(self, route: Route, record: RequestRecord, body: dict) -> None:
         """A request whose KV crosses the WAN: its prediction goes into the record, and
-        its bytes onto the line's backlog until the receiver's log settles them."""
+        its bytes onto the line's backlog (and its prompt into what MD's cache will hold)
+        until the receiver's log settles them."""
         if route.wan is None:
             return
         record.predicted_wan_s = route.wan.seconds
@@ -334,6 +337,10 @@ class Router:
         record.wan_own_bytes = route.wan.own_bytes
         record.wan_goodput_bytes_s = route.wan.goodput_bytes_s
         record.wan_cwnd_bytes = route.wan.cwnd_bytes
+        record.wan_held_s, record.wan_held_for = route.wan.held_s, route.wan.after
         crosses = route.prefill is not None and route.kv_server.site != route.prefill.site
         if crosses and route.wan.own_bytes and self.policy.wan is not None:
-            self.policy.wan.start(record.room, route.wan.own_bytes)
+            self.policy.wan.start(record.room, route.wan.own_bytes, route.wan.after)
+            prompt = prompt_tokens(body)
+            if isinstance(self.policy, PddPolicy) and prompt is not None:
+                self.policy.mirror.coming(record.room, prompt)

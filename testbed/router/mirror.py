@@ -18,6 +18,12 @@ turn's request reaches it (``at``). Until then the router predicted from the exc
 before: hetero run 092139 predicted 4.3 MB where MD lacked 0.4 MB, four times, and
 those four were the run's WAN-error tail (2.4 to 23 times the measured time).
 
+A prompt whose KV is on its way to MD (``coming``, a transfer routed there) is in MD's
+cache from when that transfer ends (``arrived``): MD's prefix cache takes a transferred
+prompt at once. Until then a request sharing most of what MD lacks of it is held back
+by MD (``held_for``; :mod:`engine_patches.kv_transfer.prefix_wait`) and then lacks only
+the rest.
+
 Lifecycle of one session's entries::
 
     expect(exchange, held, ready_at) ─▶ add(exchange)   MD ended it: learned for good
@@ -31,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from protocol.kv import common_prefix
+from protocol.kv import common_prefix, holds_back
 
 MAX_EXPECTED = 1024  # sessions with an exchange MD is finishing (a bound, never reached)
 
@@ -53,10 +59,32 @@ class PrefixMirror:
     def __init__(self, recent: int = 32, capacity_tokens: int = 65536) -> None:
         self.by_session: OrderedDict[str, np.ndarray] = OrderedDict()
         self.expected: OrderedDict[str, Expected] = OrderedDict()
+        self.on_its_way: OrderedDict[int, np.ndarray] = OrderedDict()  # room: its prompt
         self.recent: list[np.ndarray] = []
         self.capacity = recent
         self.capacity_tokens = capacity_tokens
         self._tokens = 0  # held in by_session
+
+    def coming(self, room: int, prompt: list[int]) -> None:
+        """``prompt``'s KV is on its way to MD (transfer ``room``)."""
+        self.on_its_way[room] = np.asarray(prompt, dtype=np.int32)[: self.capacity_tokens]
+        while len(self.on_its_way) > MAX_EXPECTED:
+            self.on_its_way.popitem(last=False)
+
+    def arrived(self, room: int, ok: bool) -> None:
+        """Transfer ``room`` ended: MD's prefix cache holds its prompt from now (SGLang's
+        merge, or parking, puts a transferred prompt there), unless it failed."""
+        ids = self.on_its_way.pop(room, None)
+        if ids is not None and ok:
+            self.recent = [ids, *self.recent[: self.capacity - 1]]
+
+    def held_for(self, prompt: list[int], hit: int, rooms) -> tuple[int, int | None]:
+        """MD holds a request back while most of what it lacks is on its way in another
+        transfer (``protocol.kv.holds_back``; ``rooms``: those still on the line): the
+        tokens MD then holds beyond ``hit``, and the transfer it waits for."""
+        on_way = [r for r in rooms if r in self.on_its_way]
+        extra, which = holds_back(prompt, hit, [self.on_its_way[r] for r in on_way])
+        return (extra, on_way[which]) if extra else (0, None)
 
     def clear(self) -> None:
         """Main decode's cache was flushed: it holds nothing now."""

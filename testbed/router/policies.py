@@ -129,6 +129,16 @@ class PddPolicy(Policy):
             return n_in
         return n_in - self.mirror.predicted_hit(prompt, session, self.wan.clock() + self.wan.lead_s)
 
+    def _predict(self, prompt: list[int] | None, n_in: int, session: str | None):
+        """The tokens MD lacks and the WAN prediction of their KV: held back by MD while
+        most of what it lacks is on its way in another transfer, it lacks only the rest
+        once that one has ended (``WanPrediction.held_s``)."""
+        uncached, after = self._uncached(prompt, n_in, session), None
+        if prompt is not None and uncached:
+            extra, after = self.mirror.held_for(prompt, n_in - uncached, self.wan.outstanding)
+            uncached -= extra
+        return uncached, self.wan.predict(uncached * self.pdd.kv_bytes_per_token, after)
+
     def choose(self, body, loads, session: str | None = None, pinned: str | None = None):
         route = self._choose(body, loads, session)
         if pinned is None or pinned == route.pipeline:
@@ -159,8 +169,7 @@ class PddPolicy(Policy):
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
         n_out = max_new_tokens(body)
-        uncached = self._uncached(prompt, n_in, session)
-        wan = self.wan.predict(uncached * pdd.kv_bytes_per_token)  # also for a pinned route
+        uncached, wan = self._predict(prompt, n_in, session)  # also for a pinned route
         try:
             relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
         except LookupError as exc:  # relay decode down: P->MD, the pipeline left
@@ -170,12 +179,14 @@ class PddPolicy(Policy):
             return Route(Pipeline.RLD_ONLY, reason, relay, prefill, wan=wan)
         direct = Route(Pipeline.P_MD, "", main, prefill, wan=wan)
         relayed = Route(Pipeline.P_RLD_MD, "", relay, prefill, main, wan=wan)
+        wan_s = wan.held_s + wan.seconds  # MD holding it back for a prefix on its way too
+        held = f", held {wan.held_s * 1e3:.0f} ms for room {wan.after}" if wan.held_s else ""
         said = (
-            f"{wan.seconds * 1e3:.0f} ms predicted WAN time ({uncached} uncached tokens"
-            f" behind {wan.queued_bytes / 1e6:.2f} MB)"
+            f"{wan_s * 1e3:.0f} ms predicted WAN time ({uncached} uncached tokens"
+            f" behind {wan.queued_bytes / 1e6:.2f} MB{held})"
         )
         bound_ms = pdd.direct_wan_bound_s * 1e3
-        if wan.seconds <= pdd.direct_wan_bound_s:
+        if wan_s <= pdd.direct_wan_bound_s:
             return replace(direct, reason=f"{said} <= {bound_ms:.0f} ms")
         if prompt is None:
             return replace(direct, reason=f"{said}; relaying needs token ids, so P->MD")
@@ -184,7 +195,7 @@ class PddPolicy(Policy):
             return replace(relayed, reason=f"{said} > {bound_ms:.0f} ms")
         rld_wait = over * pdd.rld_step_s  # relay decode beyond its bound: a step per request
         load = f"relay decode at {loads.in_flight[relay.name]} requests, {rld_wait * 1e3:.0f} ms"
-        if wan.seconds <= rld_wait:
+        if wan_s <= rld_wait:
             return replace(direct, reason=f"{said}; {load}: P->MD is faster")
         return replace(relayed, reason=f"{said}; {load}: relaying is still faster")
 
@@ -200,8 +211,7 @@ class ThresholdPolicy(PddPolicy):
         main = loads.least_loaded(self.config.with_role(Role.MAIN_DECODE))
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
-        uncached = self._uncached(prompt, n_in, session)
-        wan = self.wan.predict(uncached * self.pdd.kv_bytes_per_token)
+        uncached, wan = self._predict(prompt, n_in, session)
         limit = self.pdd.threshold_tokens
         if uncached > limit and prompt is not None:
             reason = f"{uncached} uncached tokens > {limit}"

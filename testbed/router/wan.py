@@ -25,22 +25,17 @@ it share the rate equally (processor sharing: measured, a small transfer behind 
 large one is barely slower), so a transfer of ``s`` bytes among others with ``r_i``
 bytes left finishes after ``(s + sum(min(r_i, s))) / goodput``, from when its first
 byte is due: ``lag_s`` after routing, the median of recent transfers (decode's
-checkout, prefill's compute, the way across).
+checkout, prefill's compute, the way across), or once the transfer decode holds it back
+for has ended (``after``: a prefix on its way, ``protocol.kv.holds_back``).
 
 One flow alone pays, on top of its bytes at the goodput (the arithmetic of one flow:
 :mod:`testbed.router.tcp_model`):
 
 - TCP's window, from the one its connection already has: a round trip per doubling
   until it fills the pipe in slow start, ``alpha`` segments more per round trip past
-  the slow start threshold. Decode servers pool their KV connections and reuse the
-  warmest (the largest window its sender told it; ``servers.kv_pool_reuse_s``), so the
-  line mirrors that pool, ranked the same way: a connection comes back with the Done
-  frame's window (``TransferRecord.cwnd_end_bytes``), then with the sender's log
-  line's, read once the kernel could undo a spurious cut after decode's Ack
-  (``protocol.tcp.settled_state``); without either, with the model's own flow's.
-  Decode checks a connection out when its request reaches it (``lead_s`` after
-  routing): one routed while every pooled connection is busy gets the one the model
-  sees freed by then, else a new connection's.
+  the slow start threshold. The line mirrors decode's pool of KV connections, each with
+  the window its sender reported last (docs/pdd-under-load.md); decode checks one out
+  ``lead_s`` after routing, else opens a new one.
 - Random loss and the line's jitter, as :mod:`testbed.router.tcp_model` counts them.
   Past its loss-free run a transfer drains no faster than that flow alone.
 
@@ -59,7 +54,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from protocol.clock import now as clock_now
 from protocol.kv import POOL_REUSE_S
@@ -75,44 +70,10 @@ from testbed.router.tcp_model import (
     flow,
     jitter_spread_s,
 )
+from testbed.router.wan_items import Idle, Outstanding, WanPrediction
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
 MAX_UNLEARNED = 32  # lone transfers held for their sender's retransmission count
-
-
-@dataclass(frozen=True)
-class WanPrediction:
-    queued_bytes: int  # on the line (queued or in flight) when this transfer was routed
-    own_bytes: int  # this request's uncached KV
-    goodput_bytes_s: float  # bytes per second one transfer achieves alone
-    seconds: float  # predicted first-to-last-byte time of this transfer
-    cwnd_bytes: int = 0  # the congestion window the model gave its connection
-    way_s: float = 0.0  # predicted: its first byte's way across (queueing included)
-
-    @property
-    def span_s(self) -> float:  # the KV's time on the line: its first byte out to last in
-        return self.way_s + self.seconds
-
-
-@dataclass
-class _Idle:
-    """A pooled connection, as the model sees it."""
-
-    room: int  # the transfer that returned it
-    window: Congestion  # its congestion state: the Done frame's, then the sender's log's
-    since: float
-    rank: float  # the window decode's pool ranks it by (its Window frame's)
-    conn: str | None = None  # which connection: its decode end, as the sender's log names it
-
-
-@dataclass
-class _Outstanding:
-    bytes: int
-    left: float  # not yet drained (the fluid model's view)
-    started: float
-    window: Congestion  # its connection's when it started
-    cap: float = float("inf")  # its rate alone on a lossy line (its window's)
-    promised_to: int | None = None  # the transfer routed after it given its connection
 
 
 class WanLine:
@@ -140,8 +101,8 @@ class WanLine:
         self.round_trip = RecentMedian(self.rtt, samples, prior=3)  # one outlier is not it
         self.framing = RecentMedian(1.0, samples)  # wire bytes per KV byte (frame headers)
         self.clock = clock
-        self.outstanding: dict[int, _Outstanding] = {}
-        self.pool: list[_Idle] = []  # idle connections
+        self.outstanding: dict[int, Outstanding] = {}
+        self.pool: list[Idle] = []  # idle connections
         # senders' end windows (and connections), final retransmission counts, read
         # before the receiver's settle; lone transfers awaiting their sender's count
         self.ended: dict[int, tuple[Congestion, str, float]] = {}
@@ -163,12 +124,12 @@ class WanLine:
         rtt = self.round_trip.value
         return flow(nbytes, rate, rtt, window, self.loss_free, self.queue, self.response)
 
-    def _loss_free_left(self, o: _Outstanding) -> float:
+    def _loss_free_left(self, o: Outstanding) -> float:
         """Bytes before ``o`` leaves its loss-free run (0 once past it)."""
         left = self.loss_free - (o.bytes - o.left)
         return left if left > 1.0 else 0.0
 
-    def _flow_rate(self, o: _Outstanding, share: float) -> float:
+    def _flow_rate(self, o: Outstanding, share: float) -> float:
         """A transfer's rate: its share of the line, and past its loss-free run at most
         its rate alone (the window the losses leave it)."""
         return share if self._loss_free_left(o) else min(share, o.cap)
@@ -180,9 +141,10 @@ class WanLine:
         self._advance(list(self.outstanding.values()), self._as_of, now)
         self._as_of = max(self._as_of, now)
 
-    def _advance(self, items: list[_Outstanding], t: float, until: float) -> None:
+    def _advance(self, items, t: float, until: float, watch=None) -> float | None:
         """Drain ``items`` from ``t`` to ``until``: each begins ``lag_s`` after it was
-        routed, and those begun share the goodput."""
+        routed, and those begun share the goodput. Returns when ``watch`` (one of them)
+        drained, if it did."""
         lag = self.lag_s
         while t < until:
             active = [o for o in items if o.left > 1e-6 and o.started + lag <= t + 1e-9]
@@ -190,7 +152,7 @@ class WanLine:
                 o.started + lag - t for o in items if o.left > 1e-6 and o.started + lag > t + 1e-9
             ]
             if not active and not waiting:
-                return
+                return None
             share = self.goodput / max(1, len(active))
             rates = [self._flow_rate(o, share) for o in active]
             events = [  # each transfer's next event: done, or the end of its loss-free run
@@ -201,8 +163,22 @@ class WanLine:
             for o, r in zip(active, rates, strict=True):
                 o.left = max(0.0, o.left - step * r)
             t += step
+            if watch is not None and watch.left <= 1e-6:
+                return t
+        return None
 
-    def _at(self, t: float) -> list[_Outstanding]:
+    def due(self, now: float, after: int | None) -> float:
+        """When a transfer routed ``now`` has its first byte due: ``lag_s`` on, or once
+        the model sees transfer ``after`` (decode holds it back for) end."""
+        due, held = now + self.lag_s, self.outstanding.get(after)
+        if held is None or held.left <= 1e-6:
+            return due
+        items = [replace(o) for o in self.outstanding.values()]
+        watch = items[list(self.outstanding).index(after)]
+        ended = self._advance(items, self._as_of, self._as_of + STALE_S, watch)
+        return max(due, ended or due)
+
+    def _at(self, t: float) -> list[Outstanding]:
         """Copies of the outstanding transfers as the model expects them at ``t`` (after
         the model's now)."""
         items = [replace(o) for o in self.outstanding.values()]
@@ -262,28 +238,32 @@ class WanLine:
         pipe = self.rate * self.round_trip.value
         return Congestion(min(window.cwnd + nbytes, max(pipe, INITIAL_WINDOW)))
 
-    def predict(self, own_bytes: int) -> WanPrediction:
-        """The model's first-to-last-byte time of ``own_bytes`` starting now."""
+    def predict(self, own_bytes: int, after: int | None = None) -> WanPrediction:
+        """The model's first-to-last-byte time of ``own_bytes`` routed now (held back
+        until transfer ``after`` ends: ``WanPrediction.held_s``)."""
         now = self.clock()
         queued, window = round(self.backlog(now)), self._window(now)
         if not own_bytes:
             return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd))
-        nbytes = own_bytes * self.framing.value
+        nbytes, due = own_bytes * self.framing.value, self.due(now, after)
+        held = due - (now + self.lag_s)
         # those still on the line when this transfer's first byte comes share it
-        shared = sum(min(o.left, nbytes) for o in self._at(now + self.lag_s))
+        shared = sum(min(o.left, nbytes) for o in self._at(due))
         way = (self.way_shared if shared else self.way_alone).value
         line_s = (nbytes + shared) / self.goodput
         # its window against the pipe at the rate it gets (its share)
         share = self.rate * nbytes / (nbytes + shared)
         spread = jitter_spread_s(nbytes, share, self.jitter)
         seconds = self._flow(nbytes, share, window).extra_s + line_s + spread
-        return WanPrediction(queued, own_bytes, self.goodput, seconds, round(window.cwnd), way)
+        cwnd, after = round(window.cwnd), after if held > 0 else None
+        return WanPrediction(queued, own_bytes, self.goodput, seconds, cwnd, way, held, after)
 
-    def start(self, room: int, nbytes: int) -> None:
+    def start(self, room: int, nbytes: int, after: int | None = None) -> None:
         self._drain(self.clock())
         window = self._window(self._as_of, taker=room)
         nbytes = round(nbytes * self.framing.value)
-        item = _Outstanding(nbytes, float(nbytes), self._as_of, window)
+        started = self.due(self._as_of, after) - self.lag_s  # its first byte due then
+        item = Outstanding(nbytes, float(nbytes), started, window)
         if self.loss:  # past its loss-free run it drains no faster than alone
             alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput
             item.cap = nbytes / alone_s
@@ -312,7 +292,7 @@ class WanLine:
         taker = self.outstanding.get(item.promised_to) if item.promised_to is not None else None
         if taker is None or record.end > taker.started + self.lead_s:
             window, conn, rank = self.ended.pop(room, (window, None, window.cwnd))
-            self._returned(_Idle(room, window, self._as_of, rank, conn))
+            self._returned(Idle(room, window, self._as_of, rank, conn))
         self._forget_ended()
         first, end = record.wire_end - record.seconds, record.wire_end
         shared = self._others_on(first, end, lag=0.0)
@@ -385,7 +365,7 @@ class WanLine:
         if room in self.outstanding:  # the receiver's line is not read yet
             self.ended[room] = (window, record.peer, told)
 
-    def _returned(self, idle: _Idle) -> None:
+    def _returned(self, idle: Idle) -> None:
         """``idle`` is back in the pool: an entry the model still holds for the same
         connection is a ghost of a wrong guess, and goes."""
         if idle not in self.pool:

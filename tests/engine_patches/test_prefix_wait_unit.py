@@ -9,39 +9,40 @@ from types import SimpleNamespace
 import pytest
 
 from engine_patches.kv_transfer import prefix_wait
-from engine_patches.kv_transfer.prefix_wait import PrefixWait, holds_back
+from engine_patches.kv_transfer.prefix_wait import PrefixWait
+from protocol.kv import holds_back
 
 SHARED = list(range(100, 1124))  # a 1024-token system prompt
 
 
 def test_a_request_whose_uncached_prompt_is_mostly_on_its_way_waits():
     prompt = SHARED + list(range(5000, 5300))  # lacks 1324, 1024 of them coming
-    assert holds_back(prompt, 0, [SHARED + [7, 8, 9]]) == 1024
+    assert holds_back(prompt, 0, [SHARED[:10], SHARED + [7, 8, 9]]) == (1024, 1)
 
 
 def test_what_the_cache_already_holds_is_not_waited_for():
     prompt = SHARED + list(range(5000, 5300))
     # the prefix is cached: the other request brings nothing more of it
-    assert holds_back(prompt, 1024, [SHARED + [7, 8, 9]]) == 0
+    assert holds_back(prompt, 1024, [SHARED + [7, 8, 9]])[0] == 0
     # half cached, the rest coming (512 of the 812 lacked): waits for those
-    assert holds_back(prompt, 512, [SHARED]) == 512
+    assert holds_back(prompt, 512, [SHARED])[0] == 512
 
 
 def test_a_small_share_of_what_is_lacked_is_sent_again_rather_than_waited_for():
     prompt = SHARED[:100] + list(range(5000, 6000))  # 100 of 1100 coming
-    assert holds_back(prompt, 0, [SHARED]) == 0
+    assert holds_back(prompt, 0, [SHARED])[0] == 0
     exactly_half = SHARED[:500] + list(range(5000, 5500))
-    assert holds_back(exactly_half, 0, [SHARED]) == 500
+    assert holds_back(exactly_half, 0, [SHARED])[0] == 500
 
 
 def test_less_than_a_page_is_not_waited_for():
     prompt = SHARED[:10] + [1, 2]
-    assert holds_back(prompt, 0, [SHARED], page_size=16) == 0
-    assert holds_back(prompt, 0, [SHARED], page_size=1) == 10
+    assert holds_back(prompt, 0, [SHARED], page_size=16)[0] == 0
+    assert holds_back(prompt, 0, [SHARED], page_size=1)[0] == 10
 
 
 def test_nothing_on_its_way_nothing_to_wait_for():
-    assert holds_back(SHARED, 0, []) == 0
+    assert holds_back(SHARED, 0, [])[0] == 0
 
 
 def _queue(waiting: list[list[int]], in_transfer: list[list[int]], transferred=()):

@@ -1,0 +1,64 @@
+"""A prefix on its way to main decode, as the router predicts it (no servers): MD holds a
+request back while most of what it lacks is coming in another transfer
+(engine_patches.kv_transfer.prefix_wait), so the router predicts only the rest, from
+when that transfer ends."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.names import Pipeline
+from testbed.router.mirror import PrefixMirror
+from testbed.router.policies import Loads
+from testbed.router.wan import WanLine
+from tests.testbed.test_pdd_policy_unit import body, policy
+from tests.testbed.wan_line import MB, Clock
+
+SHARED = list(range(10, 1034))  # a 1024-token system prompt
+
+
+def test_a_transfer_held_back_for_another_starts_when_that_one_ends():
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, clock=clock)  # no delay, no loss: bytes alone
+    line.start(1, 10 * MB)  # 1 s on the line
+    beside = line.predict(MB)  # shares the line with it: 2 MB's time
+    held = line.predict(MB, after=1)
+    assert beside.seconds == pytest.approx(0.2) and beside.held_s == 0
+    assert held.held_s == pytest.approx(1.0) and held.after == 1
+    assert held.seconds == pytest.approx(0.1)  # the line to itself by then
+    line.start(2, MB, after=1)
+    assert line.due(clock(), 1) == pytest.approx(clock() + 1.0)  # 1 is not slowed by 2
+    clock.now += 0.5
+    assert line.predict(MB, after=1).held_s == pytest.approx(0.5)
+    assert line.predict(MB, after=3).held_s == 0  # no such transfer on the line
+
+
+def test_the_mirror_counts_a_prompt_on_its_way_and_holds_it_once_it_arrived():
+    mirror = PrefixMirror()
+    prompt = SHARED + [7] * 300
+    mirror.coming(1, SHARED + [5] * 40)
+    assert mirror.held_for(prompt, 0, rooms=[1]) == (1024, 1)
+    assert mirror.held_for(prompt, 0, rooms=[]) == (0, None)  # no longer on the line
+    assert mirror.held_for([5] * 100 + SHARED, 0, rooms=[1]) == (0, None)
+    assert mirror.predicted_hit(prompt, None) == 0
+    mirror.arrived(1, ok=True)  # MD's prefix cache took the transferred prompt
+    assert mirror.predicted_hit(prompt, None) == 1024
+    assert mirror.held_for(prompt, 1024, rooms=[1]) == (0, None)
+    mirror.coming(2, [3] * 500)
+    mirror.arrived(2, ok=False)  # a failed transfer: MD holds nothing of it
+    assert mirror.predicted_hit([3] * 500, None) == 0
+
+
+def test_a_request_opening_with_a_prompt_on_its_way_is_routed_on_the_rest():
+    p = policy(direct_wan_bound_s=0.1)
+    first = body(0)
+    first["input_ids"] = SHARED + [1] * 200
+    second = {**first, "input_ids": SHARED + [2] * 200}
+    route = p.choose(first, Loads(), "a")
+    assert route.wan.own_bytes == 1224 * 8192 and route.wan.held_s == 0
+    p.wan.start(101, route.wan.own_bytes)  # the router routed it: room 101
+    p.mirror.coming(101, first["input_ids"])
+    route = p.choose(second, Loads(), "b")
+    assert route.wan.own_bytes == 200 * 8192  # only its own tokens cross
+    assert route.wan.after == 101 and route.wan.held_s > 0.5  # 10 MB at 12.5 MB/s first
+    assert route.pipeline == Pipeline.P_RLD_MD and "held" in route.reason
