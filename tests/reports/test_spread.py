@@ -75,3 +75,16 @@ def test_the_goodput_ratios_interval_holds_the_true_ratio_and_narrows_with_reque
     assert slower[0] > low * 1.9
     assert goodput_ratio_interval(met, (np.array([]), 50.0)) is None
     assert goodput_ratio_interval(met, half) == (low, high)  # seeded
+
+
+def test_a_handoff_gap_p90_over_the_itl_p50_is_wide_on_three_handoffs_narrow_on_many():
+    """The gap target compares two percentiles of different lists: one gap per relayed
+    request at P90, every request's inter-token gaps at P50."""
+    itl = requests(50, 0.03, 8)  # P50 of an exponential: 0.03 x ln 2 = 21 ms
+    rng = np.random.default_rng(9)
+    three = [np.array([g]) for g in rng.uniform(0.03, 0.06, 3)]
+    many = [np.array([g]) for g in rng.uniform(0.03, 0.06, 300)]
+    true = 0.057 / (0.03 * np.log(2))  # P90 of U(30, 60 ms) over the ITL P50: ~x2.7
+    wide, narrow = ratio_interval(three, itl, 90, q_b=50), ratio_interval(many, itl, 90, q_b=50)
+    assert narrow[0] < true < narrow[1] and narrow[1] - narrow[0] < wide[1] - wide[0]
+    assert ratio_interval(many, itl, 90) != narrow  # q_b, not q, on the second list
