@@ -55,11 +55,13 @@ def _cached_tokens(tree, req) -> int:
 
 
 class PrefixWait:
-    """One per decode prealloc queue: since when each held request waits."""
+    """One per decode prealloc queue: since when each held request waits, and those that
+    waited their most (never held again while they stay queued)."""
 
     def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
         self.since: dict[str, float] = {}
+        self.expired: set[str] = set()
 
     def split(self, queue) -> tuple[list, list]:
         """The queue's requests to hold back now, and the others (queue order)."""
@@ -68,14 +70,18 @@ class PrefixWait:
         scheduler = queue.scheduler
         coming = [r.req.origin_input_ids for r in queue.transfer_queue.queue]
         coming += [r.origin_input_ids for r in scheduler.waiting_queue]
+        self.expired &= {r.req.rid for r in queue.queue}  # those SGLang took are gone
         held, rest, now = [], [], time.monotonic()
         for decode_req in queue.queue:
             req = decode_req.req
-            waited = now - self.since.get(req.rid, now)
-            extra = 0
-            if coming and waited < self.max_wait_s and not decode_req.is_rebootstrap:
-                cached = _cached_tokens(tree, req)
-                extra, _ = holds_back(req.origin_input_ids, cached, coming, page)
+            if now - self.since.get(req.rid, now) >= self.max_wait_s:
+                self.expired.add(req.rid)
+            ids, extra = req.origin_input_ids, 0
+            may_wait = coming and req.rid not in self.expired and not decode_req.is_rebootstrap
+            # the prefix cache's match (a tree walk) only for a prompt that would wait even
+            # with nothing cached: every scheduler iteration comes here
+            if may_wait and holds_back(ids, 0, coming, page)[0]:
+                extra, _ = holds_back(ids, _cached_tokens(tree, req), coming, page)
             if extra:
                 if req.rid not in self.since:
                     logger.info(
@@ -86,7 +92,7 @@ class PrefixWait:
             else:
                 self.since.pop(req.rid, None)
                 rest.append(decode_req)
-            coming.append(req.origin_input_ids)  # a later request may share this one's
+            coming.append(ids)  # a later request may share this one's
         return held, rest
 
 

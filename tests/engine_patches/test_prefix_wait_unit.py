@@ -112,3 +112,32 @@ def test_the_hook_puts_held_requests_back_first_in_line(empty_tree):
     assert prefix_wait._pop_preallocated_around(original, q) == ["popped"]
     assert seen == [["w1"]]
     assert [r.req.rid for r in q.queue] == ["w0"]
+
+
+def test_a_request_that_waited_its_most_is_not_held_again_while_it_stays_queued(
+    empty_tree, monkeypatch
+):
+    """Released at its bound, it may stay queued (its handshake with prefill still
+    going): held again with a fresh clock it could wait past the late-leg timeout."""
+    now = [1000.0]
+    monkeypatch.setattr(prefix_wait.time, "monotonic", lambda: now[0])
+    wait, q = PrefixWait(5.0), _queue([SHARED + [1]], in_transfer=[SHARED + [2]])
+    assert len(wait.split(q)[0]) == 1
+    now[0] += 5.1
+    for _ in range(3):  # still queued, the prefix still coming: goes on as usual
+        held, rest = wait.split(q)
+        assert not held and len(rest) == 1
+        now[0] += 1.0
+    q.queue = []  # SGLang preallocated it: forgotten
+    wait.split(q)
+    assert not wait.expired
+
+
+def test_the_prefix_cache_is_matched_only_for_a_prompt_that_could_wait(monkeypatch):
+    matched = []
+    monkeypatch.setattr(
+        prefix_wait, "_cached_tokens", lambda tree, req: matched.append(req.rid) or 0
+    )
+    q = _queue([SHARED + [1], SHARED[:100] + [9] * 1000], in_transfer=[SHARED + [2]])
+    PrefixWait(60).split(q)
+    assert matched == ["w0"]  # w1: 100 of 1100 coming, no wait whatever the cache holds
