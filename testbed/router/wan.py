@@ -201,20 +201,25 @@ class WanLine:
         decode's checkout, prefill's compute, the first byte's way across."""
         return statistics.median(self.lags) if self.lags else 0.0
 
-    def _window(self, now: float, taker: int | None = None) -> Congestion:
+    def _window(
+        self, now: float, taker: int | None = None, started: float | None = None
+    ) -> Congestion:
         """The congestion window the next transfer's connection has (``taker``: the
         transfer that checks it out). Decode takes the warmest idle connection when its
-        request reaches it, ``lead_s`` after routing: one idle now and still reusable, or
-        one of a transfer the model sees ending by then; without any, a new
-        connection's."""
+        request reaches it, ``lead_s`` after routing (after ``started``, for a request
+        decode holds back: it checks out once the hold ends): one idle then and still
+        reusable, or one of a transfer the model sees ending by then; without any, a
+        new connection's."""
         self.pool = [c for c in self.pool if now - c.since < self.pool_reuse_s]
-        at_checkout = self._at(now + self.lead_s)
+        checkout = max(now, started if started is not None else now) + self.lead_s
+        at_checkout = self._at(checkout)
         freed = [
             o
             for o, later in zip(self.outstanding.values(), at_checkout, strict=True)
             if o.promised_to is None and later.left <= 1e-6
         ]
-        best_idle = max(self.pool, key=lambda c: (c.rank, c.since), default=None)
+        reusable = [c for c in self.pool if checkout - c.since < self.pool_reuse_s]
+        best_idle = max(reusable, key=lambda c: (c.rank, c.since), default=None)
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         grown = best_freed and self._grown(best_freed.window, best_freed.bytes)
         if grown and (best_idle is None or grown.cwnd > best_idle.window.cwnd):
@@ -242,10 +247,11 @@ class WanLine:
         """The model's first-to-last-byte time of ``own_bytes`` routed now (held back
         until transfer ``after`` ends: ``WanPrediction.held_s``)."""
         now = self.clock()
-        queued, window = round(self.backlog(now)), self._window(now)
+        queued, due = round(self.backlog(now)), self.due(now, after)
+        window = self._window(now, started=due - self.lag_s)
         if not own_bytes:
             return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd))
-        nbytes, due = own_bytes * self.framing.value, self.due(now, after)
+        nbytes = own_bytes * self.framing.value
         held = due - (now + self.lag_s)
         # those still on the line when this transfer's first byte comes share it
         shared = sum(min(o.left, nbytes) for o in self._at(due))
@@ -260,9 +266,9 @@ class WanLine:
 
     def start(self, room: int, nbytes: int, after: int | None = None) -> None:
         self._drain(self.clock())
-        window = self._window(self._as_of, taker=room)
         nbytes = round(nbytes * self.framing.value)
         started = self.due(self._as_of, after) - self.lag_s  # its first byte due then
+        window = self._window(self._as_of, taker=room, started=started)
         item = Outstanding(nbytes, float(nbytes), started, window)
         if self.loss:  # past its loss-free run it drains no faster than alone
             alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput

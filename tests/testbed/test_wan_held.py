@@ -10,6 +10,7 @@ import pytest
 from protocol.names import Pipeline
 from testbed.router.mirror import PrefixMirror
 from testbed.router.policies import Loads
+from testbed.router.tcp_model import INITIAL_WINDOW
 from testbed.router.wan import WanLine
 from tests.testbed.test_pdd_policy_unit import body, policy
 from tests.testbed.wan_line import MB, Clock
@@ -62,3 +63,16 @@ def test_a_request_opening_with_a_prompt_on_its_way_is_routed_on_the_rest():
     assert route.wan.own_bytes == 200 * 8192  # only its own tokens cross
     assert route.wan.after == 101 and route.wan.held_s > 0.5  # 10 MB at 12.5 MB/s first
     assert route.pipeline == Pipeline.P_RLD_MD and "held" in route.reason
+
+
+def test_a_held_transfer_checks_out_the_connection_the_one_it_waited_for_frees():
+    """Decode asks for a held request's KV once the hold ends: by then the transfer it
+    was held for has returned its (grown) connection to the pool; a request routed
+    beside it, checked out at once, gets a new connection's window."""
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, one_way_s=0.05, clock=clock)
+    line.start(1, 10 * MB)  # a new connection: its window grows on the way
+    beside, held = line.predict(MB), line.predict(MB, after=1)
+    assert beside.cwnd_bytes == INITIAL_WINDOW
+    assert held.held_s > 0.9 and held.cwnd_bytes > 10 * INITIAL_WINDOW
+    assert held.seconds < beside.seconds
