@@ -120,8 +120,12 @@ class Done:
     # log line has it, so a request's record joined before the sender's own line (written
     # once its connection settled, up to 2 s after the Ack) still has prefill's stamp.
     sender_first_byte: float = 0.0
+    # When prefill had computed the prompt: its last KV chunk queued for sending (0:
+    # unknown). A room that starts early (P->MD) computes before decode asks; past this
+    # its KV waited for decode to ask (decode held the request back, or queued it).
+    sender_computed: float = 0.0
 
-    _FIXED = struct.Struct("!IQdIIIIId")
+    _FIXED = struct.Struct("!IQdIIIIIdd")
 
     def encode(self) -> bytes:
         return self._FIXED.pack(*dataclasses.astuple(self))

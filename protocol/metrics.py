@@ -52,6 +52,9 @@ class TtftPart(StrEnum):
     # dispatched → P's first KV byte, and the wire's idle while P computed the prompt's
     # later chunks (the sender's wait): prefill's wait and compute
     PREFILL = "prefill_s"
+    # ... past P's compute, its KV waited for decode to ask (a P->MD request decode held
+    # back for a prefix on its way, or queued; the ask's way across)
+    ASK = "kv_ask_s"
     KV = "kv_s"  # ... → the first token's decoder holds the KV (less that idle)
     FIRST_DECODE = "first_decode_s"  # KV held → first token at the router
     SERVER = "server_s"  # colocated: dispatched → first token (wait, prefill, decode)
@@ -64,6 +67,7 @@ class TtftPart(StrEnum):
 _PART_LABELS = {
     TtftPart.QUEUE: "router queue",
     TtftPart.PREFILL: "prefill wait + compute",
+    TtftPart.ASK: "KV waits for decode to ask",
     TtftPart.KV: "KV transfer to the first decoder",
     TtftPart.FIRST_DECODE: "first decode step + stream",
     TtftPart.SERVER: "colocated server",

@@ -68,6 +68,10 @@ class RequestRecord(TokenTimes):
     arrival: float = 0.0
     dispatched: float | None = None  # routed and sent on (after the previous turn's alignment)
     prefill_first_byte: float | None = None  # P sent its first KV byte: prefill computed
+    # P had computed the whole prompt (queued its last KV chunk). Before its first byte
+    # when decode asked for the KV late: a P->MD request decode held back for a prefix
+    # on its way, or queued (P computes an early-start room before decode asks).
+    prefill_computed: float | None = None
     kv_first_byte: float | None = None  # the first token's decoder: KV first byte received
     kv_end: float | None = None  # ... and the whole KV held
     # ... while the wire idled this long in between, P computing the prompt's later
@@ -136,6 +140,9 @@ class TransferRecord:
     last_byte: float | None = None
     # Decode's side: when the sender's first chunk left, from the Done frame.
     sender_first_byte: float | None = None
+    # Both sides: when prefill had computed the prompt (its last chunk queued; the Done
+    # frame's ``sender_computed`` on decode's).
+    computed: float | None = None
     status: str = "running"  # success | failed
     reason: str | None = None
     pages: int = 0

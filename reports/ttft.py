@@ -33,9 +33,13 @@ def parts(records: pd.DataFrame) -> pd.DataFrame:
     # P->MD turn's KV part): prefill's, not the KV's
     wait = _num(ok.get("kv_sender_wait_s", pd.Series(0.0, index=ok.index))).fillna(0.0)
     computed = (prefill + wait).clip(upper=held)
+    # ... unless P had computed the prompt before it: its KV waited for decode to ask
+    done = _num(ok.get("prefill_computed", pd.Series(np.nan, index=ok.index)))
+    ready = done.clip(lower=dispatched, upper=computed).fillna(computed)
     out = pd.DataFrame({"pipeline": ok["pipeline"], "ttft_s": first - arrival})
     out[TtftPart.QUEUE] = dispatched - arrival
-    out[TtftPart.PREFILL] = (computed - dispatched).where(transferred)
+    out[TtftPart.PREFILL] = (ready - dispatched).where(transferred)
+    out[TtftPart.ASK] = (computed - ready).where(transferred)
     out[TtftPart.KV] = (held - computed).where(transferred)
     out[TtftPart.FIRST_DECODE] = (first - held).where(transferred)
     out[TtftPart.SERVER] = (first - dispatched).where(~transferred)

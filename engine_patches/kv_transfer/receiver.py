@@ -240,6 +240,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 record.cwnd_end_bytes = done.cwnd_end_bytes
                 record.ssthresh_end_bytes = done.ssthresh_end_bytes
                 record.sender_first_byte = done.sender_first_byte or None
+                record.computed = done.sender_computed or None
                 received = progress["pages"]
                 if done.total_pages != received or received != len(pages):
                     raise ProtocolError(

@@ -126,6 +126,7 @@ class _Leg:
                 sent = self._send_pages(conn, keep, sent)
                 if not last:
                     continue
+                record.computed = self.sender.computed
                 if sent != len(self.request.dst_pages):
                     raise KVTransferError(
                         f"sent {sent} pages, expected {len(self.request.dst_pages)}"
@@ -146,6 +147,7 @@ class _Leg:
                     ssthresh_end_bytes=record.ssthresh_end_bytes,
                     ssthresh_bytes=record.ssthresh_bytes,
                     sender_first_byte=record.first_byte or 0.0,
+                    sender_computed=record.computed or 0.0,
                 )
                 record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
                 kind, _, body = recv_frame(conn)
@@ -262,6 +264,7 @@ class TcpKVSender(BaseKVSender):
         self._aux_index: int | None = None
         self._prefix_pages = 0
         self._sent: list = []  # every queued chunk, replayed to a leg that joins late
+        self.computed: float | None = None  # when the last chunk was queued (prefill done)
         self._lock = threading.Lock()
 
     # -- state ----------------------------------------------------------------------
@@ -349,6 +352,8 @@ class TcpKVSender(BaseKVSender):
             # Snapshot now: the metadata row was just written for this request.
             aux = [row.clone() for row in self.kv_mgr.aux.read(np.array([self._aux_index]))]
         item = (np.array(kv_indices, dtype=np.int64, copy=True), last, aux)
+        if last:
+            self.computed = clock.now()
         with self._lock:
             self._sent.append(item)
             legs = list(self._legs)

@@ -157,8 +157,8 @@ class TransferIndex:
     def _join_stamps(
         self, route: Route, record: RequestRecord, transfer: TransferRecord | None
     ) -> None:
-        """When P finished computing, when the first token's decoder held the KV, and
-        when MD extended the final handoff."""
+        """When P sent its first KV byte and had computed the prompt, when the first
+        token's decoder held the KV, and when MD extended the final handoff."""
         room, logs = record.room, self
         first = route.stream_from.transfer_log
         held = logs.peek(room, first) if first is not None else None
@@ -168,6 +168,10 @@ class TransferIndex:
         if route.prefill.transfer_log is not None:
             sent += [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
         record.prefill_first_byte = min((t for t in sent if t), default=None)
+        computed = [t.computed for t in (held, transfer) if t is not None]
+        if route.prefill.transfer_log is not None:
+            computed += [t.computed for t in logs.sent(room, route.prefill.transfer_log)]
+        record.prefill_computed = min((t for t in computed if t), default=None)
         if held is not None and held.ok:
             record.kv_first_byte, record.kv_end = held.first_byte, held.end
             record.kv_sender_wait_s = held.sender_wait_s

@@ -195,3 +195,24 @@ def test_prefills_later_chunks_count_as_prefill_not_as_kv():
     assert p.loc[1, TtftPart.KV] == 0.0  # never past the KV held
     sums = p[[x.value for x in TtftPart]].sum(axis=1, min_count=1)
     assert (sums - p["ttft_s"]).abs().max() < 1e-9
+
+
+def test_kv_waiting_for_decode_to_ask_is_its_own_part():
+    """P computes a P->MD request before decode asks for its KV; a decode that holds the
+    request back (a prefix on its way) asks late, and P's first byte waits: that wait is
+    not prefill's. Where P was still computing when decode asked, nothing waited."""
+    frame = pd.DataFrame(
+        [
+            rec(0, "P->MD", 103.0, prefill=102.0, held=102.8, prefill_computed=100.3),
+            rec(1, "P->MD", 101.0, prefill=100.2, held=100.8, prefill_computed=100.5),
+            rec(2, "P->MD", 101.0, prefill=100.2, held=100.8),  # a log without the stamp
+        ]
+    )
+    p = ttft.parts(frame)
+    assert p.loc[0, TtftPart.PREFILL] == pytest.approx(100.3 - 100.01)
+    assert p.loc[0, TtftPart.ASK] == pytest.approx(102.0 - 100.3)
+    assert p.loc[0, TtftPart.KV] == pytest.approx(0.8)
+    assert p.loc[1, TtftPart.ASK] == 0.0 and p.loc[2, TtftPart.ASK] == 0.0
+    assert p.loc[1, TtftPart.PREFILL] == pytest.approx(100.2 - 100.01)
+    sums = p[[x.value for x in TtftPart]].sum(axis=1, min_count=1)
+    assert (sums - p["ttft_s"]).abs().max() < 1e-9

@@ -8,10 +8,13 @@ import random
 import threading
 import time
 
+import pandas as pd
 import pytest
 
 from protocol import headers
+from protocol.metrics import TtftPart
 from protocol.names import Pipeline
+from reports import ttft
 from tests.conftest import reference_output
 from tests.testbed.pdd_deployment import record_of, stream
 from tests.testbed.test_pdd import md_log, md_transfers
@@ -63,6 +66,14 @@ def test_two_requests_opening_with_one_prefix_send_it_over_the_wan_once(pdd, col
     assert b.decode_prefix_len >= 1500 // b.page_size * b.page_size  # ...B matched it at MD
     assert b.kv_bytes <= (1600 - b.decode_prefix_len) * per_token + 1
     assert b.first_byte >= a.end  # B's KV moved once A's was in
+    # P computed B long before MD asked for its KV: the TTFT breakdown says so
+    rec = record_of(pdd, "open-b")
+    assert b.computed is not None and rec.prefill_computed == pytest.approx(b.computed)
+    part = ttft.parts(pd.DataFrame([rec.__dict__])).iloc[0]
+    assert part[TtftPart.ASK] > 0.1
+    assert part[TtftPart.ASK] == pytest.approx(rec.prefill_first_byte - rec.prefill_computed)
+    total = sum(part[x.value] for x in TtftPart if not pd.isna(part[x.value]))
+    assert total == pytest.approx(part["ttft_s"], abs=1e-6)
 
 
 def test_a_parked_requests_prompt_is_in_main_decodes_prefix_cache(pdd, colocated):
