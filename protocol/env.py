@@ -28,6 +28,8 @@ class Env(StrEnum):
     KV_POOL_REUSE_TIMEOUT_S = "PDD_KV_POOL_REUSE_TIMEOUT_S"  # a pooled connection's reuse
     DECODE_PREFIX_WAIT = "PDD_DECODE_PREFIX_WAIT"  # "1": decode waits for a prefix on its way
     KV_PACING = "PDD_KV_PACING"  # "1": prefill's KV connections pace their sends (servers.)
+    # JSON {"rate_bytes_s", "peers"}: prefill's KV sends to those peers share that rate
+    KV_LINE = "PDD_KV_LINE"  # (servers.kv_line_share; engine_patches.kv_transfer.line_share)
     # SGLang's own (read by SGLang, not the plugin): its HTTP server's keep-alive (whole s)
     HTTP_KEEP_ALIVE_S = "SGLANG_TIMEOUT_KEEP_ALIVE"
 

@@ -156,6 +156,18 @@ def enable_pacing(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=Q", 2**63))
 
 
+def cap_pacing(sock: socket.socket, rate_bytes_s: float) -> None:
+    """Pace this TCP socket's sends at no more than ``rate_bytes_s`` (the kernel's
+    internal pacing; it takes effect on the bytes not yet sent, mid-transfer too)."""
+    rate = max(1, min(int(rate_bytes_s), 2**63))
+    sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, struct.pack("=Q", rate))
+
+
+def pacing_cap(sock: socket.socket) -> int:
+    """The socket's ``SO_MAX_PACING_RATE`` (bytes per second; ~2**64: none)."""
+    return struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8))[0]
+
+
 # -- when bytes arrived ----------------------------------------------------------------
 
 SO_TIMESTAMPNS = 35  # Linux's (its control messages are SCM_TIMESTAMPNS, the same number)

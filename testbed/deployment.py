@@ -238,6 +238,7 @@ class Deployment:
                         cfg, self.transfer_log(name), self._handoff_port(role), self.frame_key
                     )
                     + tuple(self.tls_env.items())
+                    + line_env(self.scenario, self.net, role, host)
                     + pacing_env(self.scenario, self.net.site(host), str(self.pacing_log(name))),
                 )
                 server = SGLangServer(spec, self.run_dir / f"server-{name}.log", self.net, host)
@@ -379,3 +380,14 @@ class Deployment:
     def _write_manifest(self, model: Path) -> None:
         path = self.run_dir / "manifest.json"
         path.write_text(json.dumps(manifest(self, model), indent=2, default=str))
+
+
+def line_env(scenario: Scenario, net, role: str, host: str) -> tuple[tuple[str, str], ...]:
+    """servers.kv_line_share: a prefill server's KV sends to the other sites' hosts
+    share the WAN's rate (the scenario's, in testbed time)."""
+    rate = scenario.network.wan.rate_mbit
+    if not scenario.servers.kv_line_share or role != Role.PREFILL or not rate:
+        return ()
+    site = net.site(host)
+    peers = sorted(net.address(h) for h in net.hosts if net.site(h) != site)
+    return ((Env.KV_LINE, json.dumps({"rate_bytes_s": rate * 1e6 / 8, "peers": peers})),)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sglang.srt.disaggregation.base.conn import BaseKVBootstrapServer, BaseKVManager
 
+from engine_patches.kv_transfer.line_share import LineShare
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol import tls
 from protocol.env import Env, kv_timeout
@@ -110,6 +111,8 @@ class TcpKVManager(BaseKVManager):
         self.tls_client = tls.client_context()
         self.log = JsonlWriter(os.environ.get(Env.KV_TRANSFER_LOG))
         self.pacing = os.environ.get(Env.KV_PACING) == "1"  # servers.kv_pacing
+        prefill = disaggregation_mode == DisaggregationMode.PREFILL
+        self.line = LineShare.from_env() if prefill else None  # servers.kv_line_share
         self.prefill_info_table = _SingleRankPrefills()
         self._incoming: dict[int, list[Incoming]] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # room → (reason, when)

@@ -112,6 +112,17 @@ class _Leg:
         self._finish_record("failed", reason)
 
     def _run(self) -> None:
+        line = self.sender.kv_mgr.line
+        share = line if line is not None and line.crosses(self.incoming.peer) else None
+        try:
+            self._transfer(share)
+        finally:  # a pooled connection left at its Ack (a next leg may have it now)
+            if share is not None and self.state != "success":
+                share.leave(self.incoming.conn)
+
+    def _transfer(self, share) -> None:
+        """Send this leg's pages, aux and Done; on the Ack pool the connection (``share``:
+        the WAN line's, joined with the first chunk)."""
         conn, mgr, room = self.incoming.conn, self.sender.kv_mgr, self.sender.room
         record = self.record
         conn.settimeout(mgr.timeouts.idle)
@@ -123,6 +134,8 @@ class _Leg:
                     record.sender_wait_s += idle_s
                 keep = pages[max(0, self.skip - offered) :]
                 offered += len(pages)
+                if share is not None and len(keep):
+                    share.join(conn)  # once sending: paced at its share of the line
                 sent = self._send_pages(conn, keep, sent)
                 if not last:
                     continue
@@ -155,6 +168,8 @@ class _Leg:
                     raise KVTransferError(f"decode refused: {body.decode(errors='replace')}")
                 if kind != MsgType.ACK:
                     raise ProtocolError(f"expected Ack, got {kind.name}")
+                if share is not None:
+                    share.leave(conn)  # every byte acknowledged
                 with self.sender._lock:
                     if self.state != "pending" or self.released:
                         return

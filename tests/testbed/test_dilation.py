@@ -10,6 +10,8 @@ import pytest
 
 from capacity.pacing import Pacing
 from protocol.env import Env
+from protocol.names import Role
+from testbed.deployment import line_env
 from testbed.dilation import EmulationSpec, for_testbed, pacing_env, record
 from testbed.router.config import upstream_keep_alive_s
 from testbed.scenario import Scenario, ScenarioError
@@ -133,3 +135,24 @@ def test_a_clients_read_timeout_is_dilated_and_reaches_locust():
     assert run.workload.request_timeout_s == sc.workload.request_timeout_s * sc.emulation.dilation
     argv = locust_argv("http://r", Path("t"), run.workload, Path("."))
     assert argv[argv.index("--request-timeout") + 1] == f"{run.workload.request_timeout_s:g}"
+
+
+def test_prefill_shares_the_dilated_wan_with_the_far_sites_hosts_where_asked():
+    """servers.kv_line_share: prefill (only) gets the WAN's testbed-time rate and the
+    other site's addresses; a scenario without it gets nothing."""
+
+    class TwoSites:  # stands in for topologies.network.Network's host lookup
+        hosts = ["p1", "rld1", "md1"]
+        site = {"p1": "A", "rld1": "A", "md1": "B"}.get
+        address = {"p1": "10.77.1.10", "rld1": "10.77.1.11", "md1": "10.77.2.10"}.get
+
+    hetero = for_testbed(Scenario.load("hetero"), TINY_KV)
+    shared = hetero.model_copy(
+        update={"servers": hetero.servers.model_copy(update={"kv_line_share": True})}
+    )
+    ((name, value),) = line_env(shared, TwoSites(), Role.PREFILL, "p1")
+    line = json.loads(value)
+    assert name == Env.KV_LINE and line["peers"] == ["10.77.2.10"]
+    assert line["rate_bytes_s"] == pytest.approx(hetero.network.wan.rate_mbit * 1e6 / 8)
+    assert line_env(shared, TwoSites(), Role.MAIN_DECODE, "md1") == ()
+    assert line_env(hetero, TwoSites(), Role.PREFILL, "p1") == ()

@@ -1,0 +1,85 @@
+"""Prefill's KV sends across the WAN share the line's rate (``servers.kv_line_share``).
+
+Left to TCP, each sender finds the line's rate by overflowing its queue: a pooled
+connection starts a transfer with the whole window it grew and sends it as one burst,
+and two or three such (requests a prefix hold released together) overflow the rate
+limiter's drop-tail queue at once (hetero 100144: 941, 254 and 1231 retransmissions, 7-15
+s for 1.7-12 MB that the line carries in 1-6). With a share, prefill paces every KV
+connection that is sending across the line at ``HEADROOM`` x the line's rate divided by
+their number (the kernel's TCP pacing, ``SO_MAX_PACING_RATE``): together they send no
+faster than the line drains, no window bursts into its queue, and each gets an equal
+share, which is what the router's model of the line assumes (processor sharing,
+:mod:`testbed.router.wan`). A window below its share still limits its flow (a new
+connection's slow start); only random loss still costs a round trip.
+
+Lifecycle::
+
+    from_env() (the prefill manager, once; None without PDD_KV_LINE)
+      join(sock)   a leg's first KV chunk to a far-site peer: every member re-paced
+      leave(sock)  its transfer ended (acknowledged, or failed): the rest re-paced
+
+A leg that waits for prefill's next chunk keeps its share meanwhile (prefill computes
+the prompt's chunks back to back; the wait is short against the transfer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+
+from protocol.env import Env
+from protocol.tcp import cap_pacing
+
+logger = logging.getLogger("pdd.kv_transfer")
+HEADROOM = 0.9  # of the line's rate: IP/TCP headers (3.6% at MTU 1500) and the shaper's own
+
+
+@dataclass
+class LineShare:
+    rate_bytes_s: float  # the line's (configured) rate
+    peers: frozenset[str]  # decode hosts across the line (their addresses)
+    members: list[socket.socket] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_env(cls) -> LineShare | None:
+        """``PDD_KV_LINE``: ``{"rate_bytes_s": ..., "peers": [addresses]}``."""
+        raw = os.environ.get(Env.KV_LINE)
+        if not raw:
+            return None
+        spec = json.loads(raw)
+        share = cls(float(spec["rate_bytes_s"]), frozenset(spec["peers"]))
+        logger.info(
+            "tcp KV transfer: sends to %s share %.0f B/s", sorted(share.peers), share.rate_bytes_s
+        )
+        return share
+
+    def crosses(self, peer: str) -> bool:
+        """Whether a peer (``host:port`` as a sender's record names it) is across the line."""
+        return peer.rsplit(":", 1)[0].strip("[]") in self.peers
+
+    def join(self, sock: socket.socket) -> None:
+        with self._lock:
+            if sock not in self.members:
+                self.members.append(sock)
+            self._reshare()
+
+    def leave(self, sock: socket.socket) -> None:
+        with self._lock:
+            if sock in self.members:
+                self.members.remove(sock)
+                self._reshare()
+
+    def each_bytes_s(self) -> float:
+        return HEADROOM * self.rate_bytes_s / max(1, len(self.members))
+
+    def _reshare(self) -> None:
+        each = self.each_bytes_s()
+        for sock in list(self.members):
+            with contextlib.suppress(OSError):  # closed under us: its leg leaves next
+                cap_pacing(sock, each)
