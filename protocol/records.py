@@ -170,6 +170,9 @@ class TransferRecord:
     # The sender's: the window its Window frame told decode, which decode's pool ranks
     # the connection by; its end window above is read later, once the kernel settled.
     told_cwnd_bytes: int = 0
+    # The sender's, across a shared WAN line (servers.kv_line_share): the pacing cap the
+    # kernel held its connection to as its first chunk left (bytes/s; 0: none).
+    paced_bytes_s: int = 0
     # The sender's, from its first KV byte to decode's Ack (protocol.tcp.Chrono, read
     # again once the Ack came): the time the kernel was sending, held back by decode's
     # receive window, or by the send buffer; the rest of that span it had nothing to

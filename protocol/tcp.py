@@ -164,8 +164,13 @@ def cap_pacing(sock: socket.socket, rate_bytes_s: float) -> None:
 
 
 def pacing_cap(sock: socket.socket) -> int:
-    """The socket's ``SO_MAX_PACING_RATE`` (bytes per second; ~2**64: none)."""
-    return struct.unpack("=Q", sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8))[0]
+    """The socket's ``SO_MAX_PACING_RATE`` (bytes per second; ~2**64: none; 0 where the
+    kernel does not say)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, 8)
+    except OSError:
+        return 0
+    return struct.unpack("=Q", raw.ljust(8, b"\0"))[0]
 
 
 # -- when bytes arrived ----------------------------------------------------------------

@@ -46,7 +46,7 @@ from protocol.frames import (
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
-from protocol.tcp import Chrono, idle_since, settled_state, tcp_state
+from protocol.tcp import Chrono, idle_since, pacing_cap, settled_state, tcp_state
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -136,6 +136,7 @@ class _Leg:
                 offered += len(pages)
                 if share is not None and len(keep):
                     share.join(conn)  # once sending: paced at its share of the line
+                    record.paced_bytes_s = record.paced_bytes_s or pacing_cap(conn)
                 sent = self._send_pages(conn, keep, sent)
                 if not last:
                     continue

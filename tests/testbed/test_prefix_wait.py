@@ -11,9 +11,11 @@ import time
 import pandas as pd
 import pytest
 
+from engine_patches.kv_transfer.line_share import HEADROOM
 from protocol import headers
 from protocol.metrics import TtftPart
-from protocol.names import Pipeline
+from protocol.names import Pipeline, Role
+from protocol.records import TransferRecord, from_dict, read_jsonl
 from reports import ttft
 from tests.conftest import reference_output
 from tests.testbed.pdd_deployment import record_of, stream
@@ -28,6 +30,26 @@ def prompts(seed: str, shared: int, own: int, n: int) -> list[list[int]]:
     rng = random.Random(seed)  # fresh tokens: nothing of them cached anywhere
     prefix = [rng.randrange(10, 4000) for _ in range(shared)]
     return [prefix + [rng.randrange(10, 4000) for _ in range(own)] for _ in range(n)]
+
+
+def prefill_sent(pdd, room: int):
+    """Prefill's sender line for ``room``'s WAN leg (written once its connection settled)."""
+    (p,) = [s for s in pdd.servers if s.role == Role.PREFILL]
+    (md,) = [s for s in pdd.servers if s.role == Role.MAIN_DECODE]
+    md_address = pdd.net.address(md.host)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = read_jsonl(pdd.transfer_log(p.name)) if pdd.transfer_log(p.name).exists() else []
+        mine = [
+            from_dict(TransferRecord, d)
+            for d in lines
+            if d.get("side") == "prefill"
+            and d["room"] == room
+            and d["peer"].rsplit(":", 1)[0] == md_address
+        ]
+        if mine or time.monotonic() > deadline:
+            return mine[-1]
+        time.sleep(0.2)
 
 
 def md_transfer(pdd, session: str):
@@ -66,6 +88,12 @@ def test_two_requests_opening_with_one_prefix_send_it_over_the_wan_once(pdd, col
     assert b.decode_prefix_len >= 1500 // b.page_size * b.page_size  # ...B matched it at MD
     assert b.kv_bytes <= (1600 - b.decode_prefix_len) * per_token + 1
     assert b.first_byte >= a.end  # B's KV moved once A's was in
+    # servers.kv_line_share (the fixture's): prefill paced each send across the WAN at
+    # its share of the line, A's alone (B held back) at all of it
+    line = HEADROOM * pdd.scenario.network.wan.rate_mbit * 1e6 / 8
+    sent_a, sent_b = prefill_sent(pdd, a.room), prefill_sent(pdd, b.room)
+    assert sent_a.paced_bytes_s == int(line)
+    assert sent_b.paced_bytes_s in (int(line), int(line / 2))
     # P computed B long before MD asked for its KV: the TTFT breakdown says so
     rec = record_of(pdd, "open-b")
     assert b.computed is not None and rec.prefill_computed == pytest.approx(b.computed)
