@@ -127,6 +127,23 @@ class Done:
 
     _FIXED = struct.Struct("!IQdIIIIIdd")
 
+    @classmethod
+    def of_sender(cls, pages: int, record) -> Done:
+        """The frame a sender's ``protocol.records.TransferRecord`` ends with."""
+        r = record
+        return cls(
+            pages,
+            r.kv_bytes,
+            r.sender_wait_s,
+            r.cwnd_bytes,
+            r.retransmits,
+            r.cwnd_end_bytes,
+            r.ssthresh_end_bytes,
+            r.ssthresh_bytes,
+            r.first_byte or 0.0,
+            r.computed or 0.0,
+        )
+
     def encode(self) -> bytes:
         return self._FIXED.pack(*dataclasses.astuple(self))
 

@@ -85,6 +85,12 @@ def idle_since(sock: socket.socket) -> float | None:
     return min(sent_ago, acked_ago)
 
 
+def wire_idle_from(sock: socket.socket) -> float | None:
+    """When (``time.monotonic``) the wire went idle (:func:`idle_since`), if it is."""
+    since = idle_since(sock)
+    return None if since is None else time.monotonic() - since
+
+
 def tcp_state(sock: socket.socket) -> TcpState:
     """A connection's congestion state; all 0 where the kernel does not say."""
     info = _info(sock)

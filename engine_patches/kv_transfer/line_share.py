@@ -15,11 +15,14 @@ connection's slow start); only random loss still costs a round trip.
 Lifecycle::
 
     from_env() (the prefill manager, once; None without PDD_KV_LINE)
-      join(sock)   a leg's first KV chunk to a far-site peer: every member re-paced
-      leave(sock)  its transfer ended (acknowledged, or failed): the rest re-paced
+      join(sock)   a leg sends a KV chunk to a far-site peer: every member re-paced
+      leave(sock)  its wire idles while it waits for prefill's next chunk (it joins
+                   again with the chunk), or its transfer ended (acknowledged, failed):
+                   the rest re-paced
 
-A leg that waits for prefill's next chunk keeps its share meanwhile (prefill computes
-the prompt's chunks back to back; the wait is short against the transfer).
+A leg waiting for prefill leaves only once everything it sent is acknowledged: left
+while its bytes still drain at the old pace, the others' larger shares would overfill
+the line for that while.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from protocol.tcp import cap_pacing
 
 logger = logging.getLogger("pdd.kv_transfer")
 HEADROOM = 0.9  # of the line's rate: IP/TCP headers (3.6% at MTU 1500) and the shaper's own
+SHARE_POLL_S = 0.05  # a member waiting for prefill looks this often whether its wire idles
 
 
 @dataclass
@@ -59,9 +63,17 @@ class LineShare:
         )
         return share
 
+    @staticmethod
+    def across(line: LineShare | None, peer: str) -> LineShare | None:
+        """``line`` where ``peer`` is across it, else None."""
+        return line if line is not None and line.crosses(peer) else None
+
     def crosses(self, peer: str) -> bool:
         """Whether a peer (``host:port`` as a sender's record names it) is across the line."""
         return peer.rsplit(":", 1)[0].strip("[]") in self.peers
+
+    def __contains__(self, sock: socket.socket) -> bool:
+        return sock in self.members
 
     def join(self, sock: socket.socket) -> None:
         with self._lock:

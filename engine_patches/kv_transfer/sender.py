@@ -35,6 +35,7 @@ import time
 import numpy as np
 from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransferMetric
 
+from engine_patches.kv_transfer.line_share import SHARE_POLL_S, LineShare
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
 from protocol import clock
 from protocol.frames import (
@@ -46,7 +47,7 @@ from protocol.frames import (
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
-from protocol.tcp import Chrono, idle_since, pacing_cap, settled_state, tcp_state
+from protocol.tcp import Chrono, pacing_cap, settled_state, tcp_state, wire_idle_from
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -112,8 +113,7 @@ class _Leg:
         self._finish_record("failed", reason)
 
     def _run(self) -> None:
-        line = self.sender.kv_mgr.line
-        share = line if line is not None and line.crosses(self.incoming.peer) else None
+        share = LineShare.across(self.sender.kv_mgr.line, self.incoming.peer)
         try:
             self._transfer(share)
         finally:  # a pooled connection left at its Ack (a next leg may have it now)
@@ -121,15 +121,14 @@ class _Leg:
                 share.leave(self.incoming.conn)
 
     def _transfer(self, share) -> None:
-        """Send this leg's pages, aux and Done; on the Ack pool the connection (``share``:
-        the WAN line's, joined with the first chunk)."""
+        """Pages, aux, Done; on the Ack the connection is pooled (``share``: the line's)."""
         conn, mgr, room = self.incoming.conn, self.sender.kv_mgr, self.sender.room
         record = self.record
         conn.settimeout(mgr.timeouts.idle)
         offered = sent = 0  # pages of the send stream seen / sent to this destination
         try:
             while self.state == "pending":
-                pages, last, aux, idle_s = self._next_chunk(conn)
+                pages, last, aux, idle_s = self._next_chunk(conn, share)
                 if record.first_byte is not None:  # the wire idled for prefill
                     record.sender_wait_s += idle_s
                 keep = pages[max(0, self.skip - offered) :]
@@ -151,18 +150,7 @@ class _Leg:
                         conn, MsgType.AUX, room, crc32(parts).to_bytes(4, "big"), *parts
                     )
                 self._end_state(conn)
-                done = Done(
-                    sent,
-                    record.kv_bytes,
-                    sender_wait_s=record.sender_wait_s,
-                    cwnd_bytes=record.cwnd_bytes,
-                    retransmits=record.retransmits,
-                    cwnd_end_bytes=record.cwnd_end_bytes,
-                    ssthresh_end_bytes=record.ssthresh_end_bytes,
-                    ssthresh_bytes=record.ssthresh_bytes,
-                    sender_first_byte=record.first_byte or 0.0,
-                    sender_computed=record.computed or 0.0,
-                )
+                done = Done.of_sender(sent, record)
                 record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
                 kind, _, body = recv_frame(conn)
                 if kind == MsgType.FAILURE:
@@ -197,28 +185,37 @@ class _Leg:
                 reason = f"transfer to {self.incoming.peer} stalled: {reason}"
             self.fail(reason)
 
-    def _next_chunk(self, conn):
+    def _next_chunk(self, conn, share=None):
         """Prefill's next chunk of pages, and how long of the wait for it the wire idled:
         from when the connection had sent its last byte and all were acknowledged (until
         then it still carried the chunk before: counting the whole wait took those bytes'
         time off the measured transfer, and small transfers were measured faster than the
         line's rate). While prefill computes, a Waiting frame every third of the idle
         timeout tells decode the transfer is alive: its idle timeout is for a stalled wire
-        (a cut WAN), and a long prompt's next chunk on a busy prefill can take longer."""
+        (a cut WAN), and a long prompt's next chunk on a busy prefill can take longer.
+        Its wire idle, a leg leaves its ``share`` of the line (joins again with a chunk)."""
         mgr, room = self.sender.kv_mgr, self.sender.room
-        asked, idle_from = time.monotonic(), None
+        period = max(0.05, mgr.timeouts.idle / 3)
+        asked = noted = time.monotonic()
+        idle_from = None
         while True:
+            sharing = share is not None and conn in share
             try:
-                pages, last, aux = self.queue.get(timeout=max(0.05, mgr.timeouts.idle / 3))
+                pages, last, aux = self.queue.get(timeout=SHARE_POLL_S if sharing else period)
             except queue.Empty:
-                idle_from = idle_from or _idle_from(conn)  # before a Waiting frame's bytes
-                if time.monotonic() - asked > mgr.timeouts.first_data:
+                idle_from = idle_from or wire_idle_from(conn)  # before a Waiting frame's bytes
+                if sharing and idle_from:
+                    share.leave(conn)
+                now = time.monotonic()
+                if now - asked > mgr.timeouts.first_data:
                     raise TimeoutError("no KV chunk came from the scheduler") from None
                 if self.state != "pending":
                     raise TimeoutError("the transfer ended while prefill computed") from None
-                self.record.wire_bytes += send_frame(conn, MsgType.WAITING, room)
+                if now - noted >= 0.99 * period:
+                    self.record.wire_bytes += send_frame(conn, MsgType.WAITING, room)
+                    noted = now
                 continue
-            idle_from = idle_from or _idle_from(conn)
+            idle_from = idle_from or wire_idle_from(conn)
             idle_s = time.monotonic() - max(asked, idle_from) if idle_from else 0.0
             return pages, last, aux, idle_s
 
@@ -392,9 +389,3 @@ class TcpKVSender(BaseKVSender):
                 leg.released = True
         for leg in closing:
             leg.incoming.conn.close()
-
-
-def _idle_from(conn) -> float | None:
-    """When (monotonic) the connection last sent data, if nothing of it is in flight."""
-    since = idle_since(conn)
-    return None if since is None else time.monotonic() - since

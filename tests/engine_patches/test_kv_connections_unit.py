@@ -24,6 +24,7 @@ class _StandInManager:
         from engine_patches.kv_transfer.manager import Timeouts
 
         self.pool, self.page_size, self.aux = pool, 1, None
+        self.line = None  # servers.kv_line_share off
         self.timeouts = Timeouts(bootstrap=bootstrap_s, idle=idle_s, first_data=5.0)
         self.parked: dict[int, list] = {}
         self.logged: list = []
@@ -131,7 +132,7 @@ def _tcp_pair() -> tuple[socket.socket, socket.socket]:
     return one, other
 
 
-def _three_page_room(idle_s: float = 5.0):
+def _three_page_room(idle_s: float = 5.0, line=None):
     """A plain room of three pages whose decode request is parked: (room, its sender
     after init, decode's end of the connection, over loopback TCP)."""
     from sglang.srt.disaggregation.base.conn import KVPoll
@@ -143,6 +144,7 @@ def _three_page_room(idle_s: float = 5.0):
     src = [torch.zeros(16, 4) for _ in range(2)]
     pool = BufferSet([t.data_ptr() for t in src], [t.nbytes for t in src], [16] * 2)
     mgr = _StandInManager(pool, idle_s=idle_s)
+    mgr.line = line
     room = new_room()
     prefill_end, decode_end = _tcp_pair()
     request = TransferRequest(0, -1, 0, np.array([0, 1, 2], np.int32))
@@ -315,3 +317,49 @@ def test_clear_right_after_success_leaves_the_connection_to_its_next_request():
     assert recv_frame(prefill_end)[0] == MsgType.TRANSFER_REQUEST
     decode_end.close()
     prefill_end.close()
+
+
+def test_a_leg_waiting_for_prefill_leaves_its_share_of_the_line_once_its_wire_idles():
+    """servers.kv_line_share: a leg to a peer across the line joins the share with its
+    first chunk; while prefill computes the next and everything sent is acknowledged, it
+    leaves the line to the others; the next chunk joins it again, its Ack ends it."""
+    import threading
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.line_share import HEADROOM, LineShare
+
+    line = LineShare(1e6, frozenset({"d"}))  # the stand-in leg's peer is "d:1"
+    room, sender, decode_end = _three_page_room(line=line)
+    seen: list[int] = []
+
+    def decode() -> None:
+        while True:
+            kind, _, _ = recv_frame(decode_end)
+            if kind == MsgType.KV_CHUNK:
+                seen.append(len(line.members))
+            if kind == MsgType.DONE:
+                send_frame(decode_end, MsgType.ACK, room)
+                return
+
+    def members_become(n: int) -> bool:  # within 3 s
+        deadline = time.monotonic() + 3
+        while len(line.members) != n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return len(line.members) == n
+
+    reader = threading.Thread(target=decode)
+    reader.start()
+    sender.send(np.array([0]))
+    deadline = time.monotonic() + 3
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert seen  # the first chunk crossed
+    assert members_become(0)  # its chunk acknowledged, prefill computing: not a member
+    assert sender.poll() not in (KVPoll.Success, KVPoll.Failed)
+    sender.send(np.array([1, 2]), state_indices=[])
+    assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
+    reader.join(5)
+    assert seen[-1] == 1 and line.members == []  # sent as a member again; left at the Ack
+    assert sender._legs[0].record.paced_bytes_s == int(HEADROOM * 1e6)  # joined alone
+    decode_end.close()
