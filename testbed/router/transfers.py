@@ -164,13 +164,12 @@ class TransferIndex:
         held = logs.peek(room, first) if first is not None else None
         # P's stamp from its own lines, or from a receiver's (the Done frame carries it):
         # the sender writes its line only once its connection settled after the Ack
+        log = route.prefill.transfer_log
+        lines = logs.sent(room, log) if log is not None else []
         sent = [t.sender_first_byte for t in (held, transfer) if t is not None]
-        if route.prefill.transfer_log is not None:
-            sent += [t.first_byte for t in logs.sent(room, route.prefill.transfer_log)]
+        sent += [t.first_byte for t in lines]
         record.prefill_first_byte = min((t for t in sent if t), default=None)
-        computed = [t.computed for t in (held, transfer) if t is not None]
-        if route.prefill.transfer_log is not None:
-            computed += [t.computed for t in logs.sent(room, route.prefill.transfer_log)]
+        computed = [t.computed for t in (held, transfer, *lines) if t is not None]
         record.prefill_computed = min((t for t in computed if t), default=None)
         if held is not None and held.ok:
             record.kv_first_byte, record.kv_end = held.first_byte, held.end
