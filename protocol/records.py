@@ -233,6 +233,43 @@ class HandoffRecord:
 
 
 @dataclass
+class PoolRecord:
+    """A change to decode's pool of KV connections to one prefill: a connection checked
+    out for ``room``'s transfer (``cwnd_bytes`` 0: a new one) or checked in after it, and
+    every connection idle after the change. The router's WAN model mirrors the pool from
+    these lines (``testbed.router.wan``)."""
+
+    room: int
+    event: str  # "checkout" or "checkin"
+    peer: str  # prefill's bootstrap address
+    conn: str  # the connection's decode end (ip:port), as prefill's log names its peer
+    cwnd_bytes: int  # its sender's window as decode ranks it (0: a new connection)
+    ssthresh_bytes: int  # its slow start threshold (0: none)
+    # [conn, cwnd_bytes, ssthresh_bytes, idle_s, room] of each connection idle after it
+    idle: list[list] = field(default_factory=list)
+    time: float = 0.0
+    side: str = "pool"
+
+    @property
+    def idle_conns(self) -> list[IdleConn]:
+        return [IdleConn(*entry) for entry in self.idle]
+
+
+@dataclass(frozen=True)
+class IdleConn:
+    """One idle connection of a :class:`PoolRecord`."""
+
+    conn: str
+    cwnd_bytes: int
+    ssthresh_bytes: int
+    idle_s: float  # idle this long when the line was written
+    room: int  # the transfer that returned it
+
+    def entry(self) -> list:
+        return [self.conn, self.cwnd_bytes, self.ssthresh_bytes, self.idle_s, self.room]
+
+
+@dataclass
 class PassRecord:
     """One paced forward pass of a server (the pacing hook's log)."""
 
@@ -248,7 +285,12 @@ class PassRecord:
 
 
 # Which record a line of a server's transfer log is, by its ``side``.
-TRANSFER_LOG_SIDES = {"prefill": TransferRecord, "decode": TransferRecord, "handoff": HandoffRecord}
+TRANSFER_LOG_SIDES = {
+    "prefill": TransferRecord,
+    "decode": TransferRecord,
+    "handoff": HandoffRecord,
+    "pool": PoolRecord,
+}
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

@@ -7,7 +7,8 @@ where the KV pool lives) → each accepted connection delivers one
 → the sender owns the connection from then on. A dual-path room parks two requests
 (one per destination); a room whose sender gave up waiting for its second
 destination is *closed*, and a request arriving for it later is refused at once.
-Decode mode runs no thread; each receiver opens its own connection.
+Decode mode runs no thread; its receivers check connections out of its pool
+(:mod:`engine_patches.kv_transfer.conn_pool`) or open new ones.
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import logging
 import os
 import select
 import socket
-import struct
 import threading
 import time
 from dataclasses import dataclass
 
 from sglang.srt.disaggregation.base.conn import BaseKVBootstrapServer, BaseKVManager
 
+from engine_patches.kv_transfer.conn_pool import ConnPool
 from engine_patches.kv_transfer.line_share import LineShare
 from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol import tls
@@ -34,7 +35,7 @@ from protocol.frames import (
     recv_frame,
     send_frame,
 )
-from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S, TransferRequest, Window
+from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S, TransferRequest
 from protocol.records import JsonlWriter
 from protocol.tcp import configure_socket, enable_pacing
 
@@ -116,8 +117,7 @@ class TcpKVManager(BaseKVManager):
         self.prefill_info_table = _SingleRankPrefills()
         self._incoming: dict[int, list[Incoming]] = {}
         self._closed: dict[int, tuple[str, float]] = {}  # room → (reason, when)
-        # decode side pool: per prefill address, (socket, returned at, window) when idle
-        self._idle: dict[str, list[tuple[socket.socket, float, int]]] = {}
+        self.conns = ConnPool(self.timeouts.pool_reuse, self.log)  # decode's, to prefills
         self._lock = threading.Lock()
         if disaggregation_mode == DisaggregationMode.PREFILL:
             host = getattr(server_args, "host", "0.0.0.0")
@@ -196,38 +196,6 @@ class TcpKVManager(BaseKVManager):
             daemon=True,
         ).start()
 
-    # -- decode side: the connection pool -----------------------------------------
-    def checkout(self, addr: str) -> socket.socket | None:
-        """The warmest idle connection to ``addr``: the largest congestion window its
-        sender reported (its Window frame once it came, else its Done frame's; the most
-        recently returned among equals), idle less than ``pool_reuse``; those idle
-        longer, or closed, are dropped."""
-        now = time.monotonic()
-        chosen, dropped = None, []
-        with self._lock:
-            idle = self._idle.get(addr, [])
-            reuse = self.timeouts.pool_reuse
-            dropped = [c[0] for c in idle if now - c[1] >= reuse]
-            kept = []
-            for sock, since, window in (c for c in idle if now - c[1] < reuse):
-                window = _window_now(sock, window)
-                if window is None:
-                    dropped.append(sock)
-                else:
-                    kept.append((sock, since, window))
-            idle[:] = sorted(kept, key=_warmth)
-            if idle:
-                chosen = idle.pop()[0]  # the warmest
-        for sock in dropped:
-            sock.close()
-        return chosen
-
-    def checkin(self, addr: str, sock: socket.socket, window: int = 0) -> None:
-        """A connection back into the pool, with the congestion window its sender
-        reported at the end of its transfer (0: unknown)."""
-        with self._lock:
-            self._idle.setdefault(addr, []).append((sock, time.monotonic(), window))
-
     def _read_request(
         self, conn: socket.socket, peer: str, wait_s: float | None = None, fresh: bool = False
     ) -> None:
@@ -289,36 +257,10 @@ class TcpKVManager(BaseKVManager):
             incoming.conn.close()
 
 
-def _warmth(idle: tuple[socket.socket, float, int]) -> tuple[int, float]:
-    return idle[2], idle[1]  # the window its sender reported, then how recently returned
-
-
 def _refuse(conn: socket.socket, room: int, reason: str) -> None:
     with contextlib.suppress(OSError):
         send_frame(conn, MsgType.FAILURE, room, reason.encode())
     conn.close()
-
-
-def _window_now(sock: socket.socket, window: int) -> int | None:
-    """An idle pooled connection's window: its sender's Window frame where it came (read
-    here), else ``window``; None if the peer closed it, keepalive gave up on it (a cut
-    WAN), or it carries anything else."""
-    timeout = sock.gettimeout()
-    try:
-        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-            return None
-        while select.select([sock], [], [], 0)[0]:
-            sock.settimeout(1.0)  # a frame that began to arrive is whole by then
-            kind, _, body = recv_frame(sock)
-            if kind != MsgType.WINDOW:
-                return None
-            window = Window.decode(bytes(body)).cwnd_bytes
-        return window
-    except (OSError, ValueError, struct.error):
-        return None
-    finally:
-        with contextlib.suppress(OSError):
-            sock.settimeout(timeout)
 
 
 def _still_open(sock: socket.socket) -> bool:

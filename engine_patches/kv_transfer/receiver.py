@@ -172,7 +172,8 @@ class TcpKVReceiver(BaseKVReceiver):
     def _connect(self, attempt: int) -> bool:
         """A pooled connection on the first attempt if there is one; True if reused."""
         timeouts = self.kv_mgr.timeouts
-        sock = self.kv_mgr.checkout(self.bootstrap_addr) if attempt == 0 else None
+        pool = self.kv_mgr.conns
+        sock = pool.checkout(self.bootstrap_addr, self.room) if attempt == 0 else None
         if sock is None:
             host, port = self.bootstrap_addr.rsplit(":", 1)
             sock = socket.create_connection((host, int(port)), timeout=timeouts.connect)
@@ -181,6 +182,7 @@ class TcpKVReceiver(BaseKVReceiver):
             if self.kv_mgr.tls_client is not None:  # servers.tls: verify prefill's cert
                 sock = self.kv_mgr.tls_client.wrap_socket(sock)
             self._sock = sock
+            pool.opened(self.bootstrap_addr, self.room, sock)
             return False
         self._sock = sock
         return True
@@ -253,7 +255,8 @@ class TcpKVReceiver(BaseKVReceiver):
                         self._state = KVPoll.Success
                 record.status = "success"
                 self._sock = None
-                mgr.checkin(self.bootstrap_addr, sock, record.cwnd_end_bytes)
+                end = record.cwnd_end_bytes, record.ssthresh_end_bytes
+                mgr.conns.checkin(self.bootstrap_addr, sock, *end, room=self.room)
                 return
             elif kind == MsgType.FAILURE:
                 raise KVTransferError(f"prefill reported: {body.decode(errors='replace')}")

@@ -11,7 +11,9 @@ clock that follows the run, the events the live router saw, in time order:
   them too), and those whose transfer ended after their record was written (not
   scored, but on the line);
 - each far-site receiver's log line at its ``end`` (``settle``);
-- each prefill sender's line to a far-site host at its ``end`` (``sender_end``).
+- each prefill sender's line to a far-site host at its ``end`` (``sender_end``);
+- each far-site decode's pool line at its ``time`` (``mirror``; runs from before them
+  have none, and the model guesses the pool).
 
 The replay predicts for the bytes the router did (``wan_own_bytes``: what its prefix
 mirror expected main decode to lack; the bytes that crossed in runs older than that
@@ -30,11 +32,11 @@ from pathlib import Path
 
 from protocol.metrics import percentile
 from protocol.names import Role
-from protocol.records import TransferRecord, from_dict, read_jsonl
+from protocol.records import PoolRecord, TransferRecord, from_dict, read_jsonl
 from testbed.router.config import RouterConfig
 from testbed.router.policies import wan_line
 
-ROUTED, SETTLED, SENDER = 0, 1, 2  # event kinds, in this order at one instant
+ROUTED, POOL, SETTLED, SENDER = 0, 1, 2, 3  # event kinds, in this order at one instant
 
 
 @dataclass(frozen=True)
@@ -88,14 +90,14 @@ def replay(system_dir: Path) -> list[Replayed]:
     far = [s for s in config.servers if s.site not in near]
     far_hosts = {s.host for s in far}
 
-    def logs(servers, side: str) -> list[TransferRecord]:
-        """The ended transfers of one side in these servers' logs (handoffs skipped)."""
+    def logs(servers, side: str, kind=TransferRecord) -> list:
+        """One side's lines in these servers' logs (transfers: the ended ones)."""
         found = []
         for s in servers:
             if s.transfer_log:  # written where the bench ran: found by name here
                 lines = _lines(system_dir / Path(s.transfer_log).name)
-                found += [from_dict(TransferRecord, d) for d in lines if d.get("side") == side]
-        return [t for t in found if t.end is not None]
+                found += [from_dict(kind, d) for d in lines if d.get("side") == side]
+        return [t for t in found if kind is not TransferRecord or t.end is not None]
 
     received = {t.room: t for t in logs(far, "decode")}
     prefill = config.with_role(Role.PREFILL)
@@ -114,7 +116,8 @@ def replay(system_dir: Path) -> list[Replayed]:
     events = sorted(
         [(r["dispatched"], ROUTED, r) for r in routed]
         + [(t.end, SETTLED, t) for t in received.values()]
-        + [(t.end, SENDER, t) for t in sent],
+        + [(t.end, SENDER, t) for t in sent]
+        + [(t.time, POOL, t) for t in logs(far, "pool", PoolRecord)],
         key=lambda e: (e[0], e[1]),
     )
     # the line's clock follows the run from its first event (on the wall clock, the
@@ -139,6 +142,8 @@ def replay(system_dir: Path) -> list[Replayed]:
             if measured and id(item) in scored:
                 recorded = item.get("predicted_kv_span_s")
                 out.append(Replayed(item["request_id"], measured, recorded, predicted))
+        elif kind == POOL:
+            line.mirror(item)
         elif kind == SETTLED:
             line.settle(item.room, item)
         else:

@@ -314,11 +314,14 @@ class Router:
             self.live.add(record)
 
     def _learn_wan(self, log, side: str, transfer) -> None:
-        """A transfer-log line: a far-site receiver's settles its WAN transfer; a sender's
-        to a far-site host gives the window its connection ended with."""
+        """A transfer-log line: a far-site receiver's settles its WAN transfer, and its
+        pool lines say which connections it holds; a sender's to a far-site host gives
+        the window its connection ended with."""
         if self.policy.wan is None:
             return
-        if side == "decode" and log in self._wan_logs:
+        if side == "pool" and log in self._wan_logs:
+            self.policy.wan.mirror(transfer)
+        elif side == "decode" and log in self._wan_logs:
             self.policy.wan.settle(transfer.room, transfer)
             if isinstance(self.policy, PddPolicy):
                 self.policy.mirror.arrived(transfer.room, transfer.ok)

@@ -70,13 +70,14 @@ from testbed.router.tcp_model import (
     flow,
     jitter_spread_s,
 )
-from testbed.router.wan_items import Idle, Outstanding, WanPrediction
+from testbed.router.wan_items import Outstanding, WanPrediction
+from testbed.router.wan_pool import PoolModel
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
 MAX_UNLEARNED = 32  # lone transfers held for their sender's retransmission count
 
 
-class WanLine:
+class WanLine(PoolModel):
     def __init__(
         self,
         rate_bytes_s: float,
@@ -102,10 +103,9 @@ class WanLine:
         self.framing = RecentMedian(1.0, samples)  # wire bytes per KV byte (frame headers)
         self.clock = clock
         self.outstanding: dict[int, Outstanding] = {}
-        self.pool: list[Idle] = []  # idle connections
-        # senders' end windows (and connections), final retransmission counts, read
-        # before the receiver's settle; lone transfers awaiting their sender's count
-        self.ended: dict[int, tuple[Congestion, str, float]] = {}
+        self._init_pool()  # decode's idle connections (testbed.router.wan_pool)
+        # senders' final retransmission counts, read before the receiver's settle; lone
+        # transfers awaiting their sender's count
         self.resent: dict[int, int] = {}
         self.unlearned: dict[int, tuple[TransferRecord, Congestion]] = {}
         self.recent: deque[tuple[float, float]] = deque(maxlen=64)  # settled: first byte, end
@@ -201,54 +201,12 @@ class WanLine:
         decode's checkout, prefill's compute, the first byte's way across."""
         return statistics.median(self.lags) if self.lags else 0.0
 
-    def _window(
-        self, now: float, taker: int | None = None, started: float | None = None
-    ) -> Congestion:
-        """The congestion window the next transfer's connection has (``taker``: the
-        transfer that checks it out). Decode takes the warmest idle connection when its
-        request reaches it, ``lead_s`` after routing (after ``started``, for a request
-        decode holds back: it checks out once the hold ends): one idle then and still
-        reusable, or one of a transfer the model sees ending by then; without any, a
-        new connection's."""
-        self.pool = [c for c in self.pool if now - c.since < self.pool_reuse_s]
-        checkout = max(now, started if started is not None else now) + self.lead_s
-        at_checkout = self._at(checkout)
-        freed = [
-            o
-            for o, later in zip(self.outstanding.values(), at_checkout, strict=True)
-            if o.promised_to is None and later.left <= 1e-6
-        ]
-        reusable = [c for c in self.pool if checkout - c.since < self.pool_reuse_s]
-        best_idle = max(reusable, key=lambda c: (c.rank, c.since), default=None)
-        best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
-        grown = best_freed and self._grown(best_freed.window, best_freed.bytes)
-        if grown and (best_idle is None or grown.cwnd > best_idle.window.cwnd):
-            if taker is not None:
-                best_freed.promised_to = taker
-            return grown
-        if best_idle is None:
-            return Congestion()
-        if taker is not None:
-            self.pool.remove(best_idle)
-        return best_idle.window
-
-    def _grown(self, window: Congestion, nbytes: float) -> Congestion:
-        """The model's guess of a window after carrying ``nbytes``: on a lossless line,
-        slow start grows it by every byte acknowledged, up to the pipe (congestion
-        avoidance: barely); on a lossy one, as the losses leave it."""
-        if self.loss:
-            return self._flow(nbytes, self.rate, window).end
-        if window.cwnd >= window.ssthresh:
-            return window
-        pipe = self.rate * self.round_trip.value
-        return Congestion(min(window.cwnd + nbytes, max(pipe, INITIAL_WINDOW)))
-
     def predict(self, own_bytes: int, after: int | None = None) -> WanPrediction:
         """The model's first-to-last-byte time of ``own_bytes`` routed now (held back
         until transfer ``after`` ends: ``WanPrediction.held_s``)."""
         now = self.clock()
         queued, due = round(self.backlog(now)), self.due(now, after)
-        window = self._window(now, started=due - self.lag_s)
+        window, _ = self._window(now, started=due - self.lag_s)
         if not own_bytes:
             return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd))
         nbytes = own_bytes * self.framing.value
@@ -268,8 +226,8 @@ class WanLine:
         self._drain(self.clock())
         nbytes = round(nbytes * self.framing.value)
         started = self.due(self._as_of, after) - self.lag_s  # its first byte due then
-        window = self._window(self._as_of, taker=room, started=started)
-        item = Outstanding(nbytes, float(nbytes), started, window)
+        window, conn = self._window(self._as_of, taker=room, started=started)
+        item = Outstanding(nbytes, float(nbytes), started, window, conn=conn)
         if self.loss:  # past its loss-free run it drains no faster than alone
             alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput
             item.cap = nbytes / alone_s
@@ -288,17 +246,7 @@ class WanLine:
         self.framing.add(record.wire_bytes / record.kv_bytes)
         self.leads.append(max(0.0, record.start - item.started))
         self.lags.append(max(0.0, record.wire_end - record.seconds - item.started))
-        # The sender's window as it ended (the Done frame), else the model's guess.
-        if record.cwnd_end_bytes:
-            window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
-        else:
-            window = self._grown(item.window, record.wire_bytes)
-        # Given to a transfer routed after it: that transfer has it if it was back before
-        # decode checked one out for it (else decode took another, and it idles now).
-        taker = self.outstanding.get(item.promised_to) if item.promised_to is not None else None
-        if taker is None or record.end > taker.started + self.lead_s:
-            window, conn, rank = self.ended.pop(room, (window, None, window.cwnd))
-            self._returned(Idle(room, window, self._as_of, rank, conn))
+        self._settled_conn(room, item, record)
         self._forget_ended()
         first, end = record.wire_end - record.seconds, record.wire_end
         shared = self._others_on(first, end, lag=0.0)
@@ -359,25 +307,8 @@ class WanLine:
             self._learn(*pending, record.retransmits)
         elif room in self.outstanding:
             self.resent[room] = record.retransmits
-        if not record.ok or not record.cwnd_end_bytes:
-            return
-        window = Congestion.reported(record.cwnd_end_bytes, record.ssthresh_end_bytes)
-        told = record.told_cwnd_bytes or window.cwnd  # settled after it: what it has
-        for idle in self.pool:
-            if idle.room == room:
-                idle.window, idle.conn, idle.rank = window, record.peer, told
-                self._returned(idle)
-                return
-        if room in self.outstanding:  # the receiver's line is not read yet
-            self.ended[room] = (window, record.peer, told)
-
-    def _returned(self, idle: Idle) -> None:
-        """``idle`` is back in the pool: an entry the model still holds for the same
-        connection is a ghost of a wrong guess, and goes."""
-        if idle not in self.pool:
-            self.pool.append(idle)
-        if idle.conn is not None:
-            self.pool = [c for c in self.pool if c is idle or c.conn != idle.conn]
+        if record.ok and record.cwnd_end_bytes:
+            self._sender_window(room, record)
 
     def _forget_ended(self) -> None:
         """Drop senders' windows and counts whose transfers the model no longer has."""

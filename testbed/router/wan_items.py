@@ -43,3 +43,5 @@ class Outstanding:
     window: Congestion  # its connection's when it started
     cap: float = float("inf")  # its rate alone on a lossy line (its window's)
     promised_to: int | None = None  # the transfer routed after it given its connection
+    conn: str | None = None  # its connection: decode's pool line's, else the model's choice
+    checked_out: bool = False  # decode's pool line said which connection it took

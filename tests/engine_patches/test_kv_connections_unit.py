@@ -1,6 +1,6 @@
 """The tcp KV transfer backend's connections without SGLang servers: prefill's sender
-legs (early start, waits for prefill, the success/clear race) and decode's pool of
-idle connections, over socket pairs."""
+legs (early start, waits for prefill, the success/clear race), over socket pairs
+(decode's pool of idle connections: test_conn_pool.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from engine_patches.kv_transfer.pool import BufferSet
 from protocol.frames import MsgType, recv_frame, send_frame
-from protocol.kv import Done, KvChunkHeader, TransferRequest, Window
+from protocol.kv import Done, KvChunkHeader, TransferRequest
 
 
 class _StandInManager:
@@ -224,49 +224,6 @@ def test_a_prefill_slower_than_the_idle_timeout_between_chunks_is_not_a_stall():
     assert kinds[-1] == MsgType.DONE  # the reader never timed out
     assert kinds.count(MsgType.WAITING) >= 5  # about one a third of the idle timeout
     decode_end.close()
-
-
-def test_decode_reuses_its_warmest_idle_connection_and_drops_stale_and_closed_ones():
-    """The decode side's pool (TcpKVManager.checkout/checkin; the stand-in below holds
-    only the pool's state, no SGLang): the idle connection whose sender reported the
-    largest window goes first, a closed one is skipped, one idle past pool_reuse is
-    closed, and an empty pool says None (decode then connects anew)."""
-    import threading
-
-    from engine_patches.kv_transfer.manager import TcpKVManager, Timeouts
-
-    pool = type("Pool", (), {})()
-    pool._lock, pool._idle = threading.Lock(), {}
-    pool.timeouts = Timeouts(pool_reuse=30.0)
-    pairs = [socket.socketpair() for _ in range(4)]
-    cold, warm, closed, stale = (a for a, _ in pairs)
-    TcpKVManager.checkin(pool, "p:1", cold, window=14_480)
-    TcpKVManager.checkin(pool, "p:1", warm, window=900_000)
-    TcpKVManager.checkin(pool, "p:1", closed, window=2_000_000)
-    TcpKVManager.checkin(pool, "p:1", stale, window=5_000_000)
-    pairs[2][1].close()  # its peer went away while it idled
-    when = pool._idle["p:1"][3][1]
-    pool._idle["p:1"][3] = (stale, when - 31.0, 5_000_000)  # idle past pool_reuse
-    assert TcpKVManager.checkout(pool, "p:1") is warm
-    assert stale.fileno() == -1 and closed.fileno() == -1  # both closed, not reused
-    assert TcpKVManager.checkout(pool, "p:1") is cold
-    assert TcpKVManager.checkout(pool, "p:1") is None
-    # The sender's Window frame (after the Ack: losses of the last windows counted)
-    # re-ranks the pool; a connection carrying anything else is not reused.
-    shrunk, grown, odd = (socket.socketpair() for _ in range(3))
-    TcpKVManager.checkin(pool, "p:1", shrunk[0], window=900_000)
-    TcpKVManager.checkin(pool, "p:1", grown[0], window=300_000)
-    TcpKVManager.checkin(pool, "p:1", odd[0], window=2_000_000)
-    send_frame(shrunk[1], MsgType.WINDOW, 1, Window(400_000, 400_000).encode())
-    send_frame(grown[1], MsgType.WINDOW, 2, Window(600_000).encode())
-    send_frame(odd[1], MsgType.ACK, 3)
-    assert TcpKVManager.checkout(pool, "p:1") is grown[0]
-    assert odd[0].fileno() == -1
-    assert TcpKVManager.checkout(pool, "p:1") is shrunk[0]
-    assert shrunk[0].gettimeout() is None  # its timeout as it was
-    for a, b in [*pairs, shrunk, grown, odd]:
-        a.close()
-        b.close()
 
 
 def test_clear_right_after_success_leaves_the_connection_to_its_next_request():

@@ -94,6 +94,11 @@ def test_two_requests_opening_with_one_prefix_send_it_over_the_wan_once(pdd, col
     sent_a, sent_b = prefill_sent(pdd, a.room), prefill_sent(pdd, b.room)
     assert sent_a.paced_bytes_s == int(line)
     assert sent_b.paced_bytes_s in (int(line), int(line / 2))
+    # MD's pool lines name the connection each transfer ran on, as prefill's log does
+    # (the router's WAN model mirrors MD's pool from them), before its KV came
+    checkouts = {x.room: x for x in md_log(pdd, "pool") if x.event == "checkout"}
+    assert checkouts[a.room].conn == sent_a.peer and checkouts[b.room].conn == sent_b.peer
+    assert checkouts[b.room].time <= b.first_byte
     # P computed B long before MD asked for its KV: the TTFT breakdown says so
     rec = record_of(pdd, "open-b")
     assert b.computed is not None and rec.prefill_computed == pytest.approx(b.computed)

@@ -1,0 +1,75 @@
+"""The WAN line's pool once decode's pool lines come (testbed.router.wan_pool.mirror;
+no servers): the model's pool is decode's, the transfer that checked a connection out
+runs from its real window, and a connection the model gave a routed transfer stays
+its until decode says which one it took."""
+
+from __future__ import annotations
+
+import pytest
+
+from protocol.records import IdleConn, PoolRecord
+from testbed.router.tcp_model import INITIAL_WINDOW, slow_start_s
+from testbed.router.wan import WanLine
+from tests.testbed.wan_line import MB, Clock, settled
+
+
+def pool_line(clock, event: str, room: int, conn: str, cwnd: int, *idle: IdleConn) -> PoolRecord:
+    return PoolRecord(room, event, "p:1", conn, cwnd, 0, [i.entry() for i in idle], time=clock.now)
+
+
+def line_and_clock() -> tuple[WanLine, Clock]:
+    clock = Clock()
+    return WanLine(rate_bytes_s=10 * MB, one_way_s=0.5, clock=clock), clock
+
+
+def test_decode_pool_lines_replace_the_models_guess_of_its_pool():
+    """The model guessed from room 1's end that its connection idles with a 2 MB window;
+    decode's line says it holds one 50 KB connection only (room 1's was closed): the
+    next transfer is predicted from decode's, and once decode's lines come a settle adds
+    no guessed connection."""
+    line, clock = line_and_clock()
+    rate, rtt = line.rate, line.rtt
+    line.start(room=1, nbytes=MB)
+    clock.now += 5.0
+    line.settle(1, settled(1, MB, 1.0, end=clock.now, cwnd_end_bytes=2 * MB))
+    guessed = slow_start_s(MB, rate, rtt, 2 * MB) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(guessed)
+    line.mirror(pool_line(clock, "checkin", 9, "md:7", 50_000, IdleConn("md:7", 50_000, 0, 0, 9)))
+    mirrored = slow_start_s(MB, rate, rtt, 50_000) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(mirrored)
+    line.start(room=2, nbytes=MB)  # the model gives it md:7
+    clock.now += 5.0
+    line.settle(2, settled(2, MB, 1.0, end=clock.now, cwnd_end_bytes=3 * MB))
+    assert line.pool == []  # decode's checkin line returns it, not the settle
+    cold = slow_start_s(MB, rate, rtt) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(cold)
+
+
+def test_a_checkout_line_gives_the_transfer_its_real_window_and_frees_a_reservation():
+    """The model gave room 1 the warm connection md:1; decode opened a new one for it
+    (window 0 on its checkout line). Room 1 now runs from a new connection's window, and
+    md:1, no longer reserved, is the next transfer's."""
+    line, clock = line_and_clock()
+    warm = IdleConn("md:1", 2 * MB, 0, 1.0, 5)
+    line.mirror(pool_line(clock, "checkin", 5, "md:1", 2 * MB, warm))
+    line.start(room=1, nbytes=MB)
+    assert line.outstanding[1].conn == "md:1" and line.pool == []
+    line.mirror(pool_line(clock, "checkin", 6, "md:2", 70_000, IdleConn("md:2", 70_000, 0, 0, 6)))
+    assert [c.conn for c in line.pool] == ["md:2"]  # md:1 stays room 1's
+    line.mirror(pool_line(clock, "checkout", 1, "md:9", 0, warm, IdleConn("md:2", 70_000, 0, 0, 6)))
+    item = line.outstanding[1]
+    assert (item.conn, item.checked_out, item.window.cwnd) == ("md:9", True, INITIAL_WINDOW)
+    assert sorted(c.conn for c in line.pool) == ["md:1", "md:2"]
+    assert line.predict(MB).cwnd_bytes == 2 * MB  # decode's warmest
+
+
+def test_the_senders_told_window_ranks_a_mirrored_connection():
+    """Decode ranks by the sender's Window frame once it reads it (at its next checkout);
+    the sender's log has it earlier. A connection decode's line lists with its Done-frame
+    window is ranked by the told one, and predicted from the window it kept."""
+    line, clock = line_and_clock()
+    told = settled(4, MB, 1.0, cwnd_end_bytes=300_000, told_cwnd_bytes=300_000)
+    line.sender_end(4, told)
+    a, b = IdleConn("md:1", 900_000, 0, 0, 4), IdleConn("md:2", 500_000, 0, 0, 3)
+    line.mirror(pool_line(clock, "checkin", 4, "md:1", 900_000, a, b))
+    assert line.predict(MB).cwnd_bytes == 500_000  # md:2 ranks above md:1 now
