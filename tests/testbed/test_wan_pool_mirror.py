@@ -73,3 +73,21 @@ def test_the_senders_told_window_ranks_a_mirrored_connection():
     a, b = IdleConn("md:1", 900_000, 0, 0, 4), IdleConn("md:2", 500_000, 0, 0, 3)
     line.mirror(pool_line(clock, "checkin", 4, "md:1", 900_000, a, b))
     assert line.predict(MB).cwnd_bytes == 500_000  # md:2 ranks above md:1 now
+
+
+def test_an_idle_connection_serves_the_next_transfer_before_one_the_model_sees_freed():
+    """Decode takes what is idle at its checkout. A transfer the model sees ending just
+    before it, with a larger window, is a guess (it may not be back in time): the next
+    transfer is predicted on the idle connection; with none idle, on the freed one."""
+    line, clock = line_and_clock()
+    rate, rtt = line.rate, line.rtt
+    busy = IdleConn("md:1", 2 * MB, 0, 0, 5)
+    line.mirror(pool_line(clock, "checkin", 5, "md:1", 2 * MB, busy))
+    line.start(room=1, nbytes=MB // 10)  # takes md:1, and ends long before the next checkout
+    line.mirror(pool_line(clock, "checkout", 1, "md:1", 2 * MB))
+    line.mirror(pool_line(clock, "checkin", 6, "md:2", 50_000, IdleConn("md:2", 50_000, 0, 0, 6)))
+    clock.now += 0.5  # room 1 (0.1 MB, 10 ms on the line) is done by the model's drain
+    idle = slow_start_s(MB, rate, rtt, 50_000) + MB / line.goodput
+    assert line.predict(MB).seconds == pytest.approx(idle)
+    line.start(room=2, nbytes=MB)  # takes md:2; room 1's connection is next
+    assert line.predict(MB).cwnd_bytes == 2 * MB + MB // 10  # grown by what room 1 carried
