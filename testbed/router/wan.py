@@ -33,9 +33,10 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
 
 - TCP's window, from the one its connection already has: a round trip per doubling
   until it fills the pipe in slow start, ``alpha`` segments more per round trip past
-  the slow start threshold. The line mirrors decode's pool of KV connections, each with
-  the window its sender reported last (docs/pdd-under-load.md); decode checks one out
-  ``lead_s`` after routing, else opens a new one.
+  the slow start threshold. The line mirrors decode's pool of KV connections from
+  decode's own pool lines, each with the window its sender reported last
+  (:mod:`testbed.router.wan_pool`); decode checks one out ``lead_s`` after routing,
+  else opens a new one.
 - Random loss and the line's jitter, as :mod:`testbed.router.tcp_model` counts them.
   Past its loss-free run a transfer drains no faster than that flow alone.
 
