@@ -178,6 +178,18 @@ def test_a_transfer_in_congestion_avoidance_does_not_lower_the_goodput():
     assert line.goodput == pytest.approx(rate)
 
 
+def test_a_transfer_whose_window_was_below_the_pipe_does_not_lower_the_goodput():
+    """The kernel paces a flow at about its window per round trip: a transfer that fits
+    in one window below the pipe still takes about window / RTT, which its window, not
+    the line, set (default run 181955 learned 7 MB/s of a 12.5 MB/s line from two)."""
+    clock = Clock()
+    rate, rtt, cwnd = 12.5 * MB, 0.02, 152_040  # pipe 250 KB
+    line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
+    for room in range(1, 6):
+        alone(line, clock, room, 141_216, 0.021, cwnd_bytes=cwnd, ssthresh_bytes=cwnd)
+    assert line.goodput == pytest.approx(rate)
+
+
 def test_past_the_slow_start_threshold_a_window_grows_a_segment_a_round_trip():
     """A connection that lost packets is in congestion avoidance: its next transfer's
     window grows linearly, so a transfer many times its window takes many round trips
