@@ -77,7 +77,8 @@ class ConnPool:
     def opened(self, addr: str, room: int, sock: socket.socket) -> None:
         """A new connection to ``addr`` carries ``room``'s transfer (the pool had none)."""
         with self._lock:
-            self._write("checkout", addr, room, Pooled(sock, time.monotonic(), 0), time.monotonic())
+            now = time.monotonic()
+            self._write("checkout", addr, room, Pooled(sock, now, 0), now)
 
     def checkin(
         self, addr: str, sock: socket.socket, window: int = 0, ssthresh: int = 0, room: int = 0

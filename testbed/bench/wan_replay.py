@@ -90,12 +90,17 @@ def replay(system_dir: Path) -> list[Replayed]:
     far = [s for s in config.servers if s.site not in near]
     far_hosts = {s.host for s in far}
 
+    read: dict[str, list[dict]] = {}  # each log read once: decode's has two sides
+
     def logs(servers, side: str, kind=TransferRecord) -> list:
         """One side's lines in these servers' logs (transfers: the ended ones)."""
         found = []
         for s in servers:
             if s.transfer_log:  # written where the bench ran: found by name here
-                lines = _lines(system_dir / Path(s.transfer_log).name)
+                name = Path(s.transfer_log).name
+                if name not in read:
+                    read[name] = _lines(system_dir / name)
+                lines = read[name]
                 found += [from_dict(kind, d) for d in lines if d.get("side") == side]
         return [t for t in found if kind is not TransferRecord or t.end is not None]
 

@@ -310,6 +310,8 @@ class Router:
                     after.exception()  # retrieved: a failed late answer changes nothing
             await self.transfers.join(route, record)
         finally:
+            if record.status != "ok" and record.room is not None and self.policy.wan:
+                self.policy.wan.abandon(record.room)  # a transfer decode never took
             self.records.write(record)
             self.live.add(record)
 

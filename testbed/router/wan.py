@@ -6,6 +6,8 @@ Lifecycle of one transfer on a :class:`WanLine`::
 
     predict(bytes) ─▶ start(room, bytes)   the router sends the request (P->MD, P->RLD->MD)
                         │ counted in the backlog, which drains at the goodput
+                        │   (abandon(room): its request failed before decode took
+                        │   a connection: off the line, its connection idle again)
                         ▼
                       settle(room, record)  the receiver's log says it ended: an
                         │                   empty line has no backlog left, and its
@@ -207,7 +209,7 @@ class WanLine(PoolModel):
         until transfer ``after`` ends: ``WanPrediction.held_s``)."""
         now = self.clock()
         queued, due = round(self.backlog(now)), self.due(now, after)
-        window, _ = self._window(now, started=due - self.lag_s)
+        window, _, _ = self._window(now, started=due - self.lag_s)
         if not own_bytes:
             return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd))
         nbytes = own_bytes * self.framing.value
@@ -227,8 +229,8 @@ class WanLine(PoolModel):
         self._drain(self.clock())
         nbytes = round(nbytes * self.framing.value)
         started = self.due(self._as_of, after) - self.lag_s  # its first byte due then
-        window, conn = self._window(self._as_of, taker=room, started=started)
-        item = Outstanding(nbytes, float(nbytes), started, window, conn=conn)
+        window, conn, took = self._window(self._as_of, taker=room, started=started)
+        item = Outstanding(nbytes, float(nbytes), started, window, conn=conn, took=took)
         if self.loss:  # past its loss-free run it drains no faster than alone
             alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput
             item.cap = nbytes / alone_s
@@ -265,6 +267,24 @@ class WanLine(PoolModel):
         while len(self.unlearned) > MAX_UNLEARNED:  # its sender's line never came
             oldest, window = self.unlearned.pop(next(iter(self.unlearned)))
             self._learn(oldest, window, oldest.retransmits)
+
+    def abandon(self, room: int) -> None:
+        """The request of ``room`` failed before decode took a connection for its
+        transfer (none will run): its bytes leave the line, a connection the model gave
+        it is idle again, and one promised to it is free (kept until ``STALE_S`` they
+        would have held the pool model's choice wrong for minutes). A transfer decode
+        has checked out runs on, and decode's log settles it."""
+        self._drain(self.clock())
+        item = self.outstanding.get(room)
+        if item is None or item.checked_out:
+            return
+        del self.outstanding[room]
+        self.resent.pop(room, None)
+        for o in self.outstanding.values():
+            if o.promised_to == room:
+                o.promised_to = None
+        if item.took is not None:
+            self._returned(item.took)
 
     def _others_on(self, first: float, end: float, lag: float) -> bool:
         """Whether another transfer was on the line between ``first`` and ``end``: settled,

@@ -45,3 +45,4 @@ class Outstanding:
     promised_to: int | None = None  # the transfer routed after it given its connection
     conn: str | None = None  # its connection: decode's pool line's, else the model's choice
     checked_out: bool = False  # decode's pool line said which connection it took
+    took: Idle | None = None  # the idle connection the model gave it (back if it never runs)

@@ -44,10 +44,11 @@ class PoolModel:
 
     def _window(
         self, now: float, taker: int | None = None, started: float | None = None
-    ) -> tuple[Congestion, str | None]:
-        """The congestion window the next transfer's connection has, and which connection
-        (``taker``: the transfer that checks it out). Decode takes the warmest idle
-        connection when its request reaches it, ``lead_s`` after routing (after
+    ) -> tuple[Congestion, str | None, Idle | None]:
+        """The congestion window the next transfer's connection has, which connection,
+        and the idle entry it is, if one (``taker``: the transfer that checks it out).
+        Decode takes the warmest idle connection when its request reaches it, ``lead_s``
+        after routing (after
         ``started``, for a request decode holds back: it checks out once the hold ends):
         one idle then and still reusable; with none, one of a transfer the model sees
         ending by then (whether it is back in time is the model's guess: preferring a
@@ -60,7 +61,7 @@ class PoolModel:
         if best_idle is not None:
             if taker is not None:
                 self.pool.remove(best_idle)
-            return best_idle.window, best_idle.conn
+            return best_idle.window, best_idle.conn, best_idle
         back = {c.conn for c in self.pool if c.conn}  # already idle: not freed again
         freed = [
             o
@@ -69,10 +70,10 @@ class PoolModel:
         ]
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         if best_freed is None:
-            return Congestion(), None
+            return Congestion(), None, None
         if taker is not None:
             best_freed.promised_to = taker
-        return self._grown(best_freed.window, best_freed.bytes), best_freed.conn
+        return self._grown(best_freed.window, best_freed.bytes), best_freed.conn, None
 
     def _grown(self, window: Congestion, nbytes: float) -> Congestion:
         """The model's guess of a window after carrying ``nbytes``: on a lossless line,
@@ -125,7 +126,6 @@ class PoolModel:
         if taker is None or record.end > taker.started + self.lead_s:
             window, conn, rank = self.ended.pop(room, (window, None, window.cwnd))
             self._returned(Idle(room, window, self._as_of, rank, conn))
-        self._forget_ended()
 
     def _sender_window(self, room: int, record: TransferRecord) -> None:
         """The sender's log line for ``room``: the window its connection ended with,

@@ -91,3 +91,25 @@ def test_an_idle_connection_serves_the_next_transfer_before_one_the_model_sees_f
     assert line.predict(MB).seconds == pytest.approx(idle)
     line.start(room=2, nbytes=MB)  # takes md:2; room 1's connection is next
     assert line.predict(MB).cwnd_bytes == 2 * MB + MB // 10  # grown by what room 1 carried
+
+
+def test_a_request_that_failed_before_decode_took_a_connection_gives_it_back():
+    """Room 1's request failed before decode checked a connection out (its transfer will
+    never run): the warm connection the model gave it is the next transfer's again, and
+    its bytes are off the line, at once and after decode's next pool line. A transfer
+    decode did check out runs on until decode's log settles it."""
+    line, clock = line_and_clock()
+    warm = IdleConn("md:1", 2 * MB, 0, 1.0, 5)
+    line.mirror(pool_line(clock, "checkin", 5, "md:1", 2 * MB, warm))
+    line.start(room=1, nbytes=MB)
+    assert line.predict(MB).cwnd_bytes == INITIAL_WINDOW  # md:1 is room 1's
+    line.abandon(1)
+    again = line.predict(MB)
+    assert (again.cwnd_bytes, again.queued_bytes) == (2 * MB, 0)
+    other = IdleConn("md:2", 70_000, 0, 0, 6)
+    line.mirror(pool_line(clock, "checkin", 6, "md:2", 70_000, warm, other))
+    assert sorted(c.conn for c in line.pool) == ["md:1", "md:2"]
+    line.start(room=2, nbytes=MB)
+    line.mirror(pool_line(clock, "checkout", 2, "md:1", 2 * MB, other))
+    line.abandon(2)  # decode has it: its log settles it
+    assert 2 in line.outstanding and line.predict(MB).queued_bytes == MB

@@ -368,7 +368,7 @@ def test_the_line_predicts_the_wires_bytes_frame_headers_included():
     clock.now += 1.0
     line.settle(1, replace(settled(1, kv, 0.5, end=clock.now), wire_bytes=int(kv * 1.01)))
     assert line.framing.value == pytest.approx(1.01, rel=1e-4)
-    window, _ = line._window(clock.now)
+    window, _, _ = line._window(clock.now)
     expected = window.extra_s(kv * 1.01, rate, rtt) + kv * 1.01 / line.goodput
     assert line.predict(kv).seconds == pytest.approx(expected, rel=1e-6)
 
