@@ -310,10 +310,18 @@ class Router:
                     after.exception()  # retrieved: a failed late answer changes nothing
             await self.transfers.join(route, record)
         finally:
-            if record.status != "ok" and record.room is not None and self.policy.wan:
-                self.policy.wan.abandon(record.room)  # a transfer decode never took
+            self._abandon(record)
             self.records.write(record)
             self.live.add(record)
+
+    def _abandon(self, record: RequestRecord) -> None:
+        """A failed request's transfer that decode never took (none will run): off the
+        WAN model's line, and out of what main decode's cache is expected to hold."""
+        wan = self.policy.wan
+        if record.status == "ok" or record.room is None or wan is None:
+            return
+        if wan.abandon(record.room) and isinstance(self.policy, PddPolicy):
+            self.policy.mirror.arrived(record.room, ok=False)
 
     def _learn_wan(self, log, side: str, transfer) -> None:
         """A transfer-log line: a far-site receiver's settles its WAN transfer, and its

@@ -268,16 +268,16 @@ class WanLine(PoolModel):
             oldest, window = self.unlearned.pop(next(iter(self.unlearned)))
             self._learn(oldest, window, oldest.retransmits)
 
-    def abandon(self, room: int) -> None:
+    def abandon(self, room: int) -> bool:
         """The request of ``room`` failed before decode took a connection for its
         transfer (none will run): its bytes leave the line, a connection the model gave
         it is idle again, and one promised to it is free (kept until ``STALE_S`` they
         would have held the pool model's choice wrong for minutes). A transfer decode
-        has checked out runs on, and decode's log settles it."""
+        has checked out runs on, and decode's log settles it. True: dropped."""
         self._drain(self.clock())
         item = self.outstanding.get(room)
         if item is None or item.checked_out:
-            return
+            return False
         del self.outstanding[room]
         self.resent.pop(room, None)
         for o in self.outstanding.values():
@@ -285,6 +285,7 @@ class WanLine(PoolModel):
                 o.promised_to = None
         if item.took is not None:
             self._returned(item.took)
+        return True
 
     def _others_on(self, first: float, end: float, lag: float) -> bool:
         """Whether another transfer was on the line between ``first`` and ``end``: settled,

@@ -12,6 +12,7 @@ import pytest
 from protocol.names import Pipeline
 from protocol.records import RequestRecord
 from testbed.router.app import Router
+from testbed.router.config import RouterConfig, ServerEntry
 from testbed.router.policies import Loads, Route
 from tests.testbed.router_process import colocated_config, free_port, running_router
 
@@ -106,3 +107,30 @@ def test_a_records_late_prefill_answer_is_awaited_never_cut(tmp_path):
     assert answer.done() and not answer.cancelled()
     written = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
     assert written["cached_tokens_prefill"] == 7
+
+
+def test_a_failed_requests_transfer_leaves_the_wan_model_when_its_record_is_written(tmp_path):
+    """A P->MD request that failed before main decode took a connection for its KV (a
+    server died, the client left) never puts its bytes on the WAN: when its record is
+    written, its transfer leaves the router's model of the line (it held a pooled
+    connection and its bytes in the backlog, and MD's expected cache, for minutes). A
+    request that ended well keeps its transfer there until main decode's log settles it.
+    The servers here are never reached: only the router's bookkeeping runs."""
+    servers = [
+        ServerEntry(name="p", url="http://127.0.0.1:1", role="prefill", site="A", host="p"),
+        ServerEntry(name="rld", url="http://127.0.0.1:2", role="relay_decode", host="r"),
+        ServerEntry(name="md", url="http://127.0.0.1:3", role="main_decode", site="B", host="m"),
+    ]
+    config = RouterConfig(
+        system="pdd", policy="pdd", servers=servers, records=tmp_path / "records.jsonl"
+    )
+    router = Router(config)
+    wan, mirror = router.policy.wan, router.policy.mirror
+    route = Route(Pipeline.P_MD, "test", servers[2], servers[0])
+    for room, status in ((1, "upstream_error"), (2, "ok")):
+        wan.start(room, 1_000_000)
+        mirror.coming(room, [5, 6, 7])
+        record = RequestRecord(request_id=f"r{room}", system="pdd", endpoint="/generate")
+        record.room, record.status = room, status
+        asyncio.run(router._write(route, record))
+    assert list(wan.outstanding) == [2] and list(mirror.on_its_way) == [2]
