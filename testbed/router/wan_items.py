@@ -42,6 +42,8 @@ class Outstanding:
     started: float
     window: Congestion  # its connection's when it started
     cap: float = float("inf")  # its rate alone on a lossy line (its window's)
+    alone_s: float = 0.0  # its first to last byte with the line to itself (its window's rounds)
+    drained_at: float = 0.0  # when the fluid drain emptied it (once it has)
     promised_to: int | None = None  # the transfer routed after it given its connection
     conn: str | None = None  # its connection: decode's pool line's, else the model's choice
     checked_out: bool = False  # decode's pool line said which connection it took

@@ -66,7 +66,10 @@ class PoolModel:
         freed = [
             o
             for o, later in zip(self.outstanding.values(), self._at(checkout), strict=True)
-            if o.promised_to is None and later.left <= 1e-6 and o.conn not in back
+            if o.promised_to is None
+            and later.left <= 1e-6
+            and self.ends_at(o, later.drained_at, now) <= checkout
+            and o.conn not in back
         ]
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         if best_freed is None:

@@ -68,12 +68,15 @@ def test_the_window_the_sender_reported_is_the_one_the_next_transfer_starts_from
     assert line.predict(MB).seconds == pytest.approx(expected + MB / line.goodput, rel=0.01)
 
 
-@pytest.mark.parametrize("in_flight", [10 * MB, 100 * MB])
+@pytest.mark.parametrize("in_flight", [MB // 2, 10 * MB, 100 * MB])
 def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(in_flight):
     """Decode checks a connection out lead_s after routing (learned from the receivers'
     start stamps). With every pooled connection busy, a transfer whose busy connection
     the model sees free by then is warm; one behind a transfer still running then pays
-    a new connection's slow start. A freed connection serves one transfer only."""
+    a new connection's slow start. A freed connection serves one transfer only. Free
+    means done had it the line alone, its window's rounds included: 10 MB from a 2 MB
+    window on a 1 s round trip takes three rounds, not the 1 s its bytes take at the
+    rate."""
     clock = Clock()
     rate, rtt = 10 * MB, 1.0
     line = WanLine(rate_bytes_s=rate, one_way_s=rtt / 2, clock=clock)
@@ -86,10 +89,11 @@ def test_a_busy_connection_that_frees_before_decode_checks_out_serves_the_next(i
     assert line.lead_s == pytest.approx(2.0) and line.lag_s == pytest.approx(2.0)
     line.start(room=2, nbytes=in_flight)  # takes the pooled connection; begins in 2 s
     clock.now += 1.5  # the next transfer's checkout comes 3.5 s after room 2's routing
-    freed = line.lag_s + in_flight / line.goodput <= 1.5 + line.lead_s
+    alone = slow_start_s(in_flight, rate, rtt, window=2 * MB) + in_flight / line.goodput
+    freed = line.lag_s + alone <= 1.5 + line.lead_s
     window = (2 * MB + in_flight) if freed else INITIAL_WINDOW
     # what room 2 has left at this one's first byte (it has run 1.5 s by then) shares
-    left = 0.0 if freed else in_flight - 1.5 * line.goodput
+    left = max(0.0, in_flight - 1.5 * line.goodput)
     shared = (MB + min(left, MB)) / line.goodput
     share = rate * MB / (MB + min(left, MB))  # the rate its window ramps up to
     expected = slow_start_s(MB, share, rtt, window=min(window, rate * rtt))

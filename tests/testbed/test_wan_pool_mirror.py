@@ -75,18 +75,47 @@ def test_the_senders_told_window_ranks_a_mirrored_connection():
     assert line.predict(MB).cwnd_bytes == 500_000  # md:2 ranks above md:1 now
 
 
+def taught_lead(line: WanLine, clock: Clock) -> None:
+    """Decode checks a connection out 1 s after routing; the first byte comes 0.4 s later."""
+    routed = clock.now
+    line.start(room=9, nbytes=MB // 10)
+    clock.now += 2.0
+    line.settle(9, settled(9, MB // 10, 0.6, end=clock.now, start=routed + 1.0))
+    assert (line.lead_s, line.lag_s) == pytest.approx((1.0, 1.4))
+
+
+def test_a_transfer_still_unsettled_past_its_end_keeps_its_connection_as_long_again():
+    """Room 1's last byte was due 1.41 s after routing, and decode's log has not ended it:
+    it is late, and is expected to run about as long again as it is late. Late by 0.3 s,
+    it frees its connection before the next checkout (1 s on); late by 2 s, it does not,
+    and the next transfer is predicted on a new connection (hetero run 193018: transfers
+    that lost hundreds of segments ran seconds late, their connections busy)."""
+    line, clock = line_and_clock()
+    taught_lead(line, clock)
+    warm = IdleConn("md:1", 2 * MB, 0, 0, 5)
+    line.mirror(pool_line(clock, "checkin", 5, "md:1", 2 * MB, warm))
+    routed = clock.now
+    line.start(room=1, nbytes=MB // 10)
+    line.mirror(pool_line(clock, "checkout", 1, "md:1", 2 * MB))
+    clock.now = routed + 1.71
+    assert line.predict(MB).cwnd_bytes == 2 * MB + MB // 10
+    clock.now = routed + 3.41
+    assert line.predict(MB).cwnd_bytes == INITIAL_WINDOW
+
+
 def test_an_idle_connection_serves_the_next_transfer_before_one_the_model_sees_freed():
     """Decode takes what is idle at its checkout. A transfer the model sees ending just
     before it, with a larger window, is a guess (it may not be back in time): the next
     transfer is predicted on the idle connection; with none idle, on the freed one."""
     line, clock = line_and_clock()
     rate, rtt = line.rate, line.rtt
+    taught_lead(line, clock)
     busy = IdleConn("md:1", 2 * MB, 0, 0, 5)
     line.mirror(pool_line(clock, "checkin", 5, "md:1", 2 * MB, busy))
-    line.start(room=1, nbytes=MB // 10)  # takes md:1, and ends long before the next checkout
+    line.start(room=1, nbytes=MB // 10)  # takes md:1; its last byte is due 1.41 s on
     line.mirror(pool_line(clock, "checkout", 1, "md:1", 2 * MB))
     line.mirror(pool_line(clock, "checkin", 6, "md:2", 50_000, IdleConn("md:2", 50_000, 0, 0, 6)))
-    clock.now += 0.5  # room 1 (0.1 MB, 10 ms on the line) is done by the model's drain
+    clock.now += 0.5  # the next transfers check out 1.5 s after room 1's routing
     idle = slow_start_s(MB, rate, rtt, 50_000) + MB / line.goodput
     assert line.predict(MB).seconds == pytest.approx(idle)
     line.start(room=2, nbytes=MB)  # takes md:2; room 1's connection is next
