@@ -2,11 +2,12 @@
 congestion window, a transfer routed now gets when decode checks one out.
 
 Lifecycle of the model's pool (a mixin of :class:`testbed.router.wan.WanLine`, whose
-transfers on the line it reads: ``outstanding``, ``_at``, ``lead_s``)::
+transfers on the line it reads: ``outstanding``, ``_at``, ``ends_at``, ``lead_s``)::
 
     start(room)  the model gives the routed transfer a connection: the warmest idle one
       │          at decode's checkout (reserved: ``Outstanding.conn``), or that of a
       │          transfer ending before it (promised), or a new one
+      │          (abandon(room): its request failed first: the idle one is back)
       ▼
     mirror(line)  decode's pool line (``protocol.records.PoolRecord``): the connection
       │           the transfer really got, and every connection idle after the change;
