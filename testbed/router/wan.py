@@ -255,15 +255,15 @@ class WanLine(PoolModel):
             item.cap = nbytes / item.alone_s
         self.outstanding[room] = item
 
-    def settle(self, room: int, record: TransferRecord | None = None) -> None:
-        """The transfer of ``room`` ended (``record``: the receiver's log line, or None
-        when it never ran, e.g. a request that failed before its transfer)."""
+    def settle(self, room: int, record: TransferRecord) -> None:
+        """The transfer of ``room`` ended (``record``: the receiver's log line; one that
+        never ran leaves by :meth:`abandon`)."""
         self._drain(self.clock())
         item = self.outstanding.pop(room, None)
         resent = self.resent.pop(room, None)
         if item is None:
             return
-        if record is None or not record.ok or not record.seconds or not record.kv_bytes:
+        if not record.ok or not record.seconds or not record.kv_bytes:
             return  # a failed transfer's connection is closed, not pooled
         self.framing.add(record.wire_bytes / record.kv_bytes)
         self.leads.append(max(0.0, record.start - item.started))

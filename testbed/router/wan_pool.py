@@ -63,14 +63,12 @@ class PoolModel:
             if taker is not None:
                 self.pool.remove(best_idle)
             return best_idle.window, best_idle.conn, best_idle
-        back = {c.conn for c in self.pool if c.conn}  # already idle: not freed again
         freed = [
             o
             for o, later in zip(self.outstanding.values(), self._at(checkout), strict=True)
             if o.promised_to is None
             and later.left <= 1e-6
             and self.ends_at(o, later.drained_at, now) <= checkout
-            and o.conn not in back
         ]
         best_freed = max(freed, key=lambda o: (o.window.cwnd, o.started), default=None)
         if best_freed is None:
@@ -106,7 +104,7 @@ class PoolModel:
                 if o.promised_to == line.room:  # it checked out what it really got
                     o.promised_to = None
                 if o is not item and not o.checked_out and o.conn == line.conn:
-                    o.conn = None  # reserved by the model, taken by this one
+                    o.conn = o.took = None  # reserved by the model, taken by this one
         reserved = {o.conn for o in self.outstanding.values() if o.conn and not o.checked_out}
         self.pool = []
         for c in line.idle_conns:

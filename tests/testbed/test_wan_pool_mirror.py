@@ -142,3 +142,16 @@ def test_a_request_that_failed_before_decode_took_a_connection_gives_it_back():
     line.mirror(pool_line(clock, "checkout", 2, "md:1", 2 * MB, other))
     line.abandon(2)  # decode has it: its log settles it
     assert 2 in line.outstanding and line.predict(MB).queued_bytes == MB
+
+
+def test_a_failed_request_gives_back_no_connection_another_transfer_took():
+    """The model reserved md:1 for room 1, but decode checked it out for room 2: when room
+    1's request fails, md:1 is busy with room 2 and does not come back to the pool."""
+    line, clock = line_and_clock()
+    warm = IdleConn("md:1", 2 * MB, 0, 1.0, 5)
+    line.mirror(pool_line(clock, "checkin", 5, "md:1", 2 * MB, warm))
+    line.start(room=1, nbytes=MB)  # the model gives it md:1
+    line.start(room=2, nbytes=MB)
+    line.mirror(pool_line(clock, "checkout", 2, "md:1", 2 * MB))
+    assert line.abandon(1)
+    assert line.pool == [] and line.predict(MB).cwnd_bytes == INITIAL_WINDOW

@@ -51,7 +51,7 @@ def test_the_predicted_span_adds_the_first_bytes_way_alone_or_behind_others():
         clock.now += 2.0
         first = clock.now - 0.5
         line.settle(room, settled(room, MB, 0.5, end=clock.now, sender_first_byte=first - 1.1))
-        line.settle(100 + room, None)  # gone from the line (never ran)
+        line.abandon(100 + room)  # gone from the line (never ran)
     assert line.way_shared.value == pytest.approx(1.1)
     assert line.way_alone.value == pytest.approx(0.6)  # the alone ones taught it nothing
     line.start(7, 100 * MB)
