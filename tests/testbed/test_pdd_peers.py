@@ -70,6 +70,7 @@ def test_sglang_bench_serving_runs_unchanged_against_the_router(pdd, backend, tm
         "--dataset-name", "random-ids", "--random-input-len", "300",
         "--random-output-len", "24", "--random-range-ratio", "1", "--num-prompts", "6",
         "--request-rate", "2", "--seed", str(SEEDS[backend]), "--output-file", str(out),
+        "--output-details",
     ]  # fmt: skip
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
@@ -82,11 +83,16 @@ def test_sglang_bench_serving_runs_unchanged_against_the_router(pdd, backend, tm
     assert len(mine) == 7 and all(r.status == "ok" for r in mine)  # its warm-up request too
     measured = mine[1:]  # the benchmark's own requests
     assert any(r.pipeline == "P->RLD->MD" for r in measured)  # 300 new tokens: relayed
-    router_ms = statistics.median((r.first_token - r.arrival) * 1e3 for r in measured)
-    client_ms = result["median_ttft_ms"]
-    # The same requests seen from both ends agree within the client's own overhead and
-    # the noise of a median over six.
-    assert abs(client_ms - router_ms) <= max(60, 0.3 * router_ms), (client_ms, router_ms)
+    # The same requests seen from both ends, joined in the order they were sent (the
+    # tool keeps its requests' order; at 2 req/s they reach the router in it): the
+    # client's TTFT is the router's plus its own leg and the first chunk's way back.
+    # The median over six is robust to one request the shared machine held up.
+    theirs = [t * 1e3 for t in result["ttfts"]]
+    ours = [(r.first_token - r.arrival) * 1e3 for r in measured]
+    extra = [t - o for t, o in zip(theirs, ours, strict=True)]
+    print(f"{backend}: client - router TTFT (ms): {[round(e) for e in extra]}")
+    router_ms = statistics.median(ours)
+    assert -5 < statistics.median(extra) <= max(60, 0.3 * router_ms), (theirs, ours)
 
 
 def test_bench_peers_runs_bench_serving_from_the_client_host_and_joins_the_records(pdd, tmp_path):
