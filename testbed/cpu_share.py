@@ -11,6 +11,7 @@ import time
 import psutil
 
 from topologies.netns import pids_in
+from topologies.priority import priority_argv
 
 
 def mark(net) -> dict:
@@ -99,4 +100,6 @@ def harness_priority() -> list[str]:
     priority, so a decoder busy on a shared core does not delay the moments it stamps
     (measured: the harness's median share of TTFT was 5.0% at equal priority). It uses
     little CPU, so the servers lose next to nothing. Unprivileged: equal priority."""
-    return ["nice", "-n", str(HARNESS_NICE)] if os.geteuid() == 0 else []
+    if os.geteuid() != 0:
+        return []
+    return priority_argv(HARNESS_NICE, [])

@@ -25,6 +25,7 @@ import httpx
 
 from protocol.env import Env
 from protocol.names import Role
+from topologies.priority import priority_argv
 from topologies.process import HostProcess
 
 ROLES = (Role.COLOCATED, Role.PREFILL, Role.DECODE)  # the roles SGLang itself knows
@@ -115,9 +116,8 @@ class ServerSpec:
         args += ROLE_ARGS[self.role](self) + list(self.extra_args)
         if self.cpus:  # SGLang's subprocesses and threads inherit the mask
             args = ["taskset", "-c", ",".join(map(str, self.cpus)), *args]
-        if self.nice:  # ... and the priority
-            args = ["nice", "-n", str(self.nice), *args]
-        return args
+        # ... and the priority (its session's too: topologies.priority)
+        return priority_argv(self.nice, args)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -115,7 +115,8 @@ class ServersSpec(BaseModel):
         default_factory=dict,
         description="CPU priority by server role (nice: -20 highest .. 19; below 0 needs root): "
         "of two servers pinned to one core, the one with the lower value gets more of it "
-        "while both compute (CFS weights: -5 is about 3x, -10 about 9x a 0's share). "
+        "while both compute (CFS weights: -5 is about 3x, -10 about 9x a 0's share; its "
+        "session's group too, topologies/priority.py, where the kernel groups by session). "
         "Unset: 0. Refused where this user may not set it.",
     )
 

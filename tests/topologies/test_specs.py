@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from pydantic import ValidationError
 
@@ -86,8 +88,9 @@ def test_server_priority_is_checked_by_role_range_and_permission(tmp_path, monke
     with pytest.raises(ValidationError, match="from -20 to 19, got -21"):
         ServersSpec(nice={"relay_decode": -21})
     spec = ServerSpec(model_path=tmp_path, role="decode", cpus=(0,), nice=-5)
-    assert spec.argv()[:6] == ["nice", "-n", "-5", "taskset", "-c", "0"]
-    assert ServerSpec(model_path=tmp_path, role="decode").argv()[0] != "nice"
+    wrapped = [sys.executable, "-m", "topologies.priority", "-5", "--"]
+    assert spec.argv()[:8] == [*wrapped, "taskset", "-c", "0"]
+    assert "topologies.priority" not in ServerSpec(model_path=tmp_path, role="decode").argv()
     # a user who may not raise priority is refused before anything starts, not warned
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     monkeypatch.setattr("resource.getrlimit", lambda what: (0, 0))
