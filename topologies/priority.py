@@ -53,7 +53,7 @@ def take(nice: int) -> None:
 
 
 def main(args: list[str]) -> int:
-    if len(args) < 3 or args[1] != "--":
+    if len(args) < 3 or args[1] != "--" or not args[0].lstrip("+-").isdigit():
         print("usage: python -m topologies.priority NICE -- argv...", file=sys.stderr)
         return 2
     nice = int(args[0])

@@ -56,3 +56,5 @@ def _group() -> str:
 def test_a_malformed_call_is_refused(capsys):
     assert main(["5", "true"]) == 2
     assert "usage" in capsys.readouterr().err
+    assert main(["low", "--", "true"]) == 2  # not a priority: the usage, no traceback
+    assert "usage" in capsys.readouterr().err
