@@ -96,3 +96,24 @@ def test_the_bench_prints_the_intervals_brackets_and_all(monkeypatch):
     console.print(targets_table(Path("unused")))
     text = console.export_text()
     assert "P99 x1.27 [x0.80-x1.63]" in text and "t [1]" in text
+
+
+def test_the_wan_error_row_says_what_bounds_it_on_this_line():
+    """Beside the WAN error, what the run measured of its floor: the share of transfers
+    a random loss hit, the P95 over the rest whose inputs were right, and how much lone
+    transfers of one size varied."""
+    data = run_with(1.0, {"name": "default"})
+    rows = data.systems["pdd"].records.copy()
+    measured = [0.1, 0.1, 0.1, 0.12, 0.2, 0.1]  # the 0.2 s one lost a segment
+    wan = rows.iloc[: len(measured)].copy()
+    wan["kv_link"], wan["predicted_wan_s"], wan["kv_transfer_s"] = "wan", 0.1, measured
+    wan["kv_bytes"] = wan["wan_own_bytes"] = 100_000
+    wan["kv_retransmits"] = [0, 0, 0, 0, 2, 0]
+    wan["wan_queued_bytes"] = 0
+    data.systems["pdd"] = SystemRun("pdd", pd.concat([wan, rows.iloc[len(measured) :]]), {})
+    row = targets(data).set_index("target").loc["WAN-time prediction error P50 <= 10%, P95 <= 25%"]
+    assert not row["holds"]  # P95 over the six: the lost segment's 50% weighs in
+    assert row["measured"].startswith("P50 0%, P95 42% over 6 (first to last byte in); ")
+    assert "17% of transfers retransmitted" in row["measured"]
+    assert "P95 13% where none did and its inputs were right" in row["measured"]
+    assert "lone same-size transfers x" in row["measured"]
