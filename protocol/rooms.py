@@ -8,7 +8,11 @@ transfer requests for that room instead of one. It marks a P->MD room
 request, which crosses the WAN (a round trip, plus main decode's scheduling); the KV
 waits in prefill's pool, and the request, when it comes, gets every chunk so far. SGLang
 waits for the decode first because an RDMA write needs its addresses; a TCP transfer
-does not. Rooms are otherwise random (below bit 61), as SGLang's own routers make them.
+does not. A room also says when it was routed (``ORDER_BIT`` set: the router's wall
+clock in microseconds above 20 random bits), so a decode server can tell which of two
+requests the router sent first (:func:`routed_before`: main decode holds a request back
+only for KV routed before it, as the router predicts it; SGLang's own routers' random
+rooms say nothing).
 
 Two rid prefixes tell the plugin what a request is for: main decode parks a
 ``PARK_PREFIX`` request until the handoff, and prefill caches an ``ALIGN_PREFIX``
@@ -18,20 +22,40 @@ request's exchange (DRC alignment).
 from __future__ import annotations
 
 import random
+import time
 
 DUAL_PATH_BIT = 1 << 62
 EARLY_START_BIT = 1 << 61
-ROOM_BITS = 61
+ORDER_BIT = 1 << 60
+RANDOM_BITS = 20  # below the routing time: rooms routed in one microsecond differ here
+TIME_BITS = 40  # microseconds, wrapping every 12.7 days (compared modulo that)
 PARK_PREFIX = "pdd-md-"  # MD's request of a relayed pipeline: parked until the handoff
 ALIGN_PREFIX = "pdd-align-"  # P caches this exchange (DRC alignment)
 RESERVED_PREFIXES = (PARK_PREFIX, ALIGN_PREFIX)
 
 
 def new_room(
-    dual_path: bool = False, early_start: bool = False, rng: random.Random | None = None
+    dual_path: bool = False,
+    early_start: bool = False,
+    rng: random.Random | None = None,
+    routed_us: int | None = None,
 ) -> int:
-    room = (rng or random).getrandbits(ROOM_BITS) | 1  # never 0: SGLang reads 0 as "unset"
+    """A fresh room, stamped with when it was routed (``routed_us``: now by default)."""
+    routed_us = time.time_ns() // 1000 if routed_us is None else routed_us
+    stamp = (routed_us % (1 << TIME_BITS)) << RANDOM_BITS
+    room = stamp | (rng or random).getrandbits(RANDOM_BITS) | 1 | ORDER_BIT  # never 0
     return room | (DUAL_PATH_BIT if dual_path else 0) | (EARLY_START_BIT if early_start else 0)
+
+
+def routed_before(room: int | None, other: int | None) -> bool | None:
+    """Whether ``room`` was routed before ``other`` (None: either says nothing of it)."""
+    if not isinstance(room, int) or not isinstance(other, int):
+        return None
+    if not (room & ORDER_BIT and other & ORDER_BIT):
+        return None
+    mask = (1 << TIME_BITS) - 1
+    ahead = ((other >> RANDOM_BITS) - (room >> RANDOM_BITS)) & mask  # modulo the wrap
+    return 0 < ahead < (1 << (TIME_BITS - 1))
 
 
 def is_dual_path(room: int | None) -> bool:

@@ -9,9 +9,10 @@ what the line carries in 6-7).
 
 An AROUND hook on SGLang's ``DecodePreallocQueue.pop_preallocated`` keeps such a
 request out of preallocation (it stays queued; nothing is allocated for it) while a
-request whose KV is on its way here (in the transfer queue, transferred and not yet in
-the prefix cache, or ahead of it in this queue) shares at least half of what the cache
-lacks of its prompt (``protocol.kv.holds_back``; the router predicts with it too).
+request whose KV is on its way here (in the transfer queue or ahead of it in this queue,
+routed before it; or transferred and not yet in the prefix cache) shares at least half
+of what the cache lacks of its prompt (``protocol.kv.holds_back``; the router predicts
+with it too, in its routing order, which the rooms carry: ``protocol.rooms``).
 Once that KV has arrived and its prompt is in the cache (SGLang's PREBUILT merge puts
 it there; a parked PDD request's when it is parked,
 :func:`engine_patches.handoff.md.publish_prompt`), the request matches it and prefill
@@ -39,6 +40,7 @@ import time
 
 from protocol.env import Env
 from protocol.kv import holds_back
+from protocol.rooms import routed_before
 
 POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
 
@@ -68,8 +70,12 @@ class PrefixWait:
         tree = queue.tree_cache
         page = int(getattr(tree, "page_size", 1) or 1)
         scheduler = queue.scheduler
-        coming = [r.req.origin_input_ids for r in queue.transfer_queue.queue]
-        coming += [r.origin_input_ids for r in scheduler.waiting_queue]
+        # (room, prompt) of KV on its way: on the wire or still at prefill, then KV that
+        # has arrived (not yet merged into the cache: any request may wait for that)
+        coming = [
+            (r.req.bootstrap_room, r.req.origin_input_ids) for r in queue.transfer_queue.queue
+        ]
+        here = [r.origin_input_ids for r in scheduler.waiting_queue]
         self.expired &= {r.req.rid for r in queue.queue}  # those SGLang took are gone
         held, rest, now = [], [], time.monotonic()
         for decode_req in queue.queue:
@@ -77,11 +83,16 @@ class PrefixWait:
             if now - self.since.get(req.rid, now) >= self.max_wait_s:
                 self.expired.add(req.rid)
             ids, extra = req.origin_input_ids, 0
-            may_wait = coming and req.rid not in self.expired and not decode_req.is_rebootstrap
+            # only for KV routed before it, as the router predicts the hold: held for one
+            # routed after it (its KV still at prefill), a request whose own KV was ready
+            # waited for it (default run 025010: 5 s, its TTFT 9.2 s)
+            room = req.bootstrap_room
+            ahead = here + [p for r, p in coming if routed_before(room, r) is not True]
+            may_wait = ahead and req.rid not in self.expired and not decode_req.is_rebootstrap
             # the prefix cache's match (a tree walk) only for a prompt that would wait even
             # with nothing cached: every scheduler iteration comes here
-            if may_wait and holds_back(ids, 0, coming, page)[0]:
-                extra, _ = holds_back(ids, _cached_tokens(tree, req), coming, page)
+            if may_wait and holds_back(ids, 0, ahead, page)[0]:
+                extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page)
             if extra:
                 if req.rid not in self.since:
                     logger.info(
@@ -92,7 +103,7 @@ class PrefixWait:
             else:
                 self.since.pop(req.rid, None)
                 rest.append(decode_req)
-            coming.append(ids)  # a later request may share this one's
+            coming.append((room, ids))  # a later request may share this one's
         return held, rest
 
 

@@ -11,6 +11,7 @@ import pytest
 from engine_patches.kv_transfer import prefix_wait
 from engine_patches.kv_transfer.prefix_wait import PrefixWait
 from protocol.kv import holds_back
+from protocol.rooms import TIME_BITS, is_dual_path, new_room, routed_before
 
 SHARED = list(range(100, 1124))  # a 1024-token system prompt
 
@@ -141,3 +142,29 @@ def test_the_prefix_cache_is_matched_only_for_a_prompt_that_could_wait(monkeypat
     q = _queue([SHARED + [1], SHARED[:100] + [9] * 1000], in_transfer=[SHARED + [2]])
     PrefixWait(60).split(q)
     assert matched == ["w0"]  # w1: 100 of 1100 coming, no wait whatever the cache holds
+
+
+def test_a_request_waits_only_for_kv_routed_before_it(empty_tree):
+    """Main decode may take a later-routed request's leg first; the first request, its
+    own KV ready, must not wait for that one's (still at prefill: default run 025010,
+    held 5 s). KV that has arrived, not yet merged, is waited for whoever sent it."""
+    first, second = new_room(routed_us=1_000), new_room(routed_us=1_002)
+    assert routed_before(first, second) and not routed_before(second, first)
+    assert routed_before(first, 12345) is None  # a random room says nothing
+    q = _queue([SHARED + [1]], in_transfer=[SHARED + [2]])
+    q.queue[0].req.bootstrap_room = first
+    q.transfer_queue.queue[0].req.bootstrap_room = second
+    held, rest = PrefixWait(60).split(q)
+    assert not held and len(rest) == 1  # the later one's KV: not waited for
+    q.transfer_queue.queue[0].req.bootstrap_room, q.queue[0].req.bootstrap_room = first, second
+    assert len(PrefixWait(60).split(q)[0]) == 1  # the earlier one's: waited for
+    q = _queue([SHARED + [1]], [], transferred=[SHARED + [3]])
+    q.queue[0].req.bootstrap_room = first
+    assert len(PrefixWait(60).split(q)[0]) == 1  # arrived: waited for, routed before or not
+
+
+def test_rooms_compare_across_the_clocks_wrap():
+    last = (1 << TIME_BITS) - 1  # the routing clock's last microsecond before it wraps
+    assert routed_before(new_room(routed_us=last), new_room(routed_us=last + 5))
+    assert not routed_before(new_room(routed_us=last + 5), new_room(routed_us=last))
+    assert is_dual_path(new_room(dual_path=True)) and not is_dual_path(new_room())
