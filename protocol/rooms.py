@@ -12,7 +12,11 @@ does not. A room also says when it was routed (``ORDER_BIT`` set: the router's w
 clock in microseconds above 20 random bits), so a decode server can tell which of two
 requests the router sent first (:func:`routed_before`: main decode holds a request back
 only for KV routed before it, as the router predicts it; SGLang's own routers' random
-rooms say nothing).
+rooms say nothing). The router also names, in the request it sends main decode, the
+room whose KV it predicted that request held back for (``AFTER_KEY`` in SGLang's
+``custom_params``, which reach the scheduler's request untouched: :func:`with_after`,
+:func:`after_room`): main decode may take the later request first, before the other has
+reached it, and it cannot hold a request for one it has not seen.
 
 Two rid prefixes tell the plugin what a request is for: main decode parks a
 ``PARK_PREFIX`` request until the handoff, and prefill caches an ``ALIGN_PREFIX``
@@ -32,6 +36,7 @@ TIME_BITS = 40  # microseconds, wrapping every 12.7 days (compared modulo that)
 PARK_PREFIX = "pdd-md-"  # MD's request of a relayed pipeline: parked until the handoff
 ALIGN_PREFIX = "pdd-align-"  # P caches this exchange (DRC alignment)
 RESERVED_PREFIXES = (PARK_PREFIX, ALIGN_PREFIX)
+AFTER_KEY = "__pdd_after_room"  # custom_params: the room decode should wait for first
 
 
 def new_room(
@@ -56,6 +61,26 @@ def routed_before(room: int | None, other: int | None) -> bool | None:
     mask = (1 << TIME_BITS) - 1
     ahead = ((other >> RANDOM_BITS) - (room >> RANDOM_BITS)) & mask  # modulo the wrap
     return 0 < ahead < (1 << (TIME_BITS - 1))
+
+
+def with_after(body: dict, room: int | None, path: str) -> dict:
+    """``body`` naming ``room`` as the transfer decode holds it back for (None: as it
+    was): a native ``/generate`` request carries ``custom_params`` in its sampling
+    params, an OpenAI one at its top."""
+    if room is None:
+        return body
+    if path == "/generate":
+        params = dict(body.get("sampling_params") or {})
+        params["custom_params"] = {**(params.get("custom_params") or {}), AFTER_KEY: room}
+        return {**body, "sampling_params": params}
+    return {**body, "custom_params": {**(body.get("custom_params") or {}), AFTER_KEY: room}}
+
+
+def after_room(req) -> int | None:
+    """The room the router named for an SGLang request (``with_after``), if any."""
+    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    room = custom.get(AFTER_KEY) if isinstance(custom, dict) else None
+    return room if isinstance(room, int) and not isinstance(room, bool) else None
 
 
 def is_dual_path(room: int | None) -> bool:

@@ -20,12 +20,20 @@ sends only the rest. Half: under a fair share of the line, a request that waits 
 other's remaining bytes and then sends its own rest is done no later than one that sends
 everything beside it whenever most of what it lacks is coming anyway.
 
+Requests in this queue count in the router's order (the rooms carry it), not the order
+their legs reached decode: one routed first but queued behind holds a later one back. A
+request the router predicted held for a transfer (it names that room:
+``protocol.rooms.after_room``) that has not reached decode yet waits for it up to
+``ARRIVAL_S``: decode took the later leg 40 ms before the first on default run 030404,
+and with nothing on its way sent its whole 10 MB beside the first's.
+
 A request waits at most ``late_leg / 2`` (a dual-path room's second leg must join
 within ``late_leg``, or prefill sends to the first only), then is preallocated as usual.
 
 Lifecycle of one request in decode's prealloc queue::
 
-    queued ─shares in-flight KV─▶ held ─that KV in the cache, or waited its most─▶
+    queued ─shares in-flight KV, or its named room not here yet─▶ held ─that KV in the
+      cache (the named room here, not shared), or waited its most─▶
     preallocated (SGLang's own path: matched, allocated, KV requested from prefill)
 
 Only on decode servers with the prefix cache (``--disaggregation-decode-enable-radix-
@@ -37,14 +45,17 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import OrderedDict
 
 from protocol.env import Env
 from protocol.kv import holds_back
-from protocol.rooms import routed_before
+from protocol.rooms import after_room, routed_before
 
 POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
 
 logger = logging.getLogger("pdd.prefix_wait")
+ARRIVAL_S = 1.0  # a named room not here yet is waited for this long (legs posted together)
+SEEN_ROOMS = 4096  # rooms remembered as having reached this decode server
 
 
 def _cached_tokens(tree, req) -> int:
@@ -57,54 +68,79 @@ def _cached_tokens(tree, req) -> int:
 
 
 class PrefixWait:
-    """One per decode prealloc queue: since when each held request waits, and those that
-    waited their most (never held again while they stay queued)."""
+    """One per decode prealloc queue: since when each held request waits, those that
+    waited their most (never held again while they stay queued), and the rooms that have
+    reached this queue (a named room among them is here, or has been)."""
 
     def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
         self.since: dict[str, float] = {}
         self.expired: set[str] = set()
+        self.seen: OrderedDict[int, None] = OrderedDict()
+
+    def _see(self, rooms) -> None:
+        for room in rooms:
+            self.seen[room] = None
+            self.seen.move_to_end(room)
+        while len(self.seen) > SEEN_ROOMS:
+            self.seen.popitem(last=False)
 
     def split(self, queue) -> tuple[list, list]:
         """The queue's requests to hold back now, and the others (queue order)."""
         tree = queue.tree_cache
         page = int(getattr(tree, "page_size", 1) or 1)
         scheduler = queue.scheduler
-        # (room, prompt) of KV on its way: on the wire or still at prefill, then KV that
-        # has arrived (not yet merged into the cache: any request may wait for that)
+        # (room, prompt) of KV on its way: on the wire or still at prefill, or queued
+        # here; then KV that has arrived (not yet merged: any request may wait for that)
         coming = [
             (r.req.bootstrap_room, r.req.origin_input_ids) for r in queue.transfer_queue.queue
         ]
+        queued = [(r.req.bootstrap_room, r.req.origin_input_ids) for r in queue.queue]
         here = [r.origin_input_ids for r in scheduler.waiting_queue]
+        self._see(room for room, _ in coming + queued)
         self.expired &= {r.req.rid for r in queue.queue}  # those SGLang took are gone
         held, rest, now = [], [], time.monotonic()
-        for decode_req in queue.queue:
+        for i, decode_req in enumerate(queue.queue):
             req = decode_req.req
-            if now - self.since.get(req.rid, now) >= self.max_wait_s:
+            waited = now - self.since.get(req.rid, now)
+            if waited >= self.max_wait_s:
                 self.expired.add(req.rid)
-            ids, extra = req.origin_input_ids, 0
+            ids, room, extra = req.origin_input_ids, req.bootstrap_room, 0
             # only for KV routed before it, as the router predicts the hold: held for one
             # routed after it (its KV still at prefill), a request whose own KV was ready
             # waited for it (default run 025010: 5 s, its TTFT 9.2 s)
-            room = req.bootstrap_room
             ahead = here + [p for r, p in coming if routed_before(room, r) is not True]
-            may_wait = ahead and req.rid not in self.expired and not decode_req.is_rebootstrap
+            ahead += [p for j, (r, p) in enumerate(queued) if j != i and _first(j, r, i, room)]
+            may_wait = req.rid not in self.expired and not decode_req.is_rebootstrap
+            named = after_room(req)
+            if may_wait and named is not None and named not in self.seen and waited < ARRIVAL_S:
+                extra = -1  # the room the router named has not reached decode yet
             # the prefix cache's match (a tree walk) only for a prompt that would wait even
             # with nothing cached: every scheduler iteration comes here
-            if may_wait and holds_back(ids, 0, ahead, page)[0]:
+            elif may_wait and ahead and holds_back(ids, 0, ahead, page)[0]:
                 extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page)
             if extra:
                 if req.rid not in self.since:
-                    logger.info(
-                        "room %s waits for %d tokens on their way", req.bootstrap_room, extra
-                    )
+                    logger.info(*_why(room, extra, named))
                 self.since.setdefault(req.rid, now)
                 held.append(decode_req)
             else:
                 self.since.pop(req.rid, None)
                 rest.append(decode_req)
-            coming.append((room, ids))  # a later request may share this one's
         return held, rest
+
+
+def _first(j: int, other: int, i: int, room: int) -> bool:
+    """Whether the request queued ``j``-th (room ``other``) goes before the ``i``-th: by
+    the router's order where the rooms say it, else by their place in the queue."""
+    before, after = routed_before(other, room), routed_before(room, other)
+    return j < i if before == after else bool(before)
+
+
+def _why(room, extra: int, named: int | None) -> tuple:
+    if extra < 0:
+        return "room %s waits for room %s, routed before it and not here yet", room, named
+    return "room %s waits for %d tokens on their way", room, extra
 
 
 def _wait_for(queue) -> PrefixWait | None:

@@ -356,4 +356,4 @@ class Router:
             self.policy.wan.start(record.room, route.wan.own_bytes, route.wan.after)
             prompt = prompt_tokens(body)
             if isinstance(self.policy, PddPolicy) and prompt is not None:
-                self.policy.mirror.coming(record.room, prompt)
+                self.policy.mirror.coming(record.room, prompt, route.kv_server.name)

@@ -60,29 +60,39 @@ class PrefixMirror:
         self.by_session: OrderedDict[str, np.ndarray] = OrderedDict()
         self.expected: OrderedDict[str, Expected] = OrderedDict()
         self.on_its_way: OrderedDict[int, np.ndarray] = OrderedDict()  # room: its prompt
+        self.bound_for: dict[int, str | None] = {}  # room: the main decode it goes to
         self.recent: list[np.ndarray] = []
         self.capacity = recent
         self.capacity_tokens = capacity_tokens
         self._tokens = 0  # held in by_session
 
-    def coming(self, room: int, prompt: list[int]) -> None:
-        """``prompt``'s KV is on its way to MD (transfer ``room``)."""
+    def coming(self, room: int, prompt: list[int], server: str | None = None) -> None:
+        """``prompt``'s KV is on its way to MD (transfer ``room``; to ``server``)."""
         self.on_its_way[room] = np.asarray(prompt, dtype=np.int32)[: self.capacity_tokens]
+        self.bound_for[room] = server
         while len(self.on_its_way) > MAX_EXPECTED:
-            self.on_its_way.popitem(last=False)
+            self.bound_for.pop(self.on_its_way.popitem(last=False)[0], None)
 
     def arrived(self, room: int, ok: bool) -> None:
         """Transfer ``room`` ended: MD's prefix cache holds its prompt from now (SGLang's
         merge, or parking, puts a transferred prompt there), unless it failed."""
         ids = self.on_its_way.pop(room, None)
+        self.bound_for.pop(room, None)
         if ids is not None and ok:
             self.recent = [ids, *self.recent[: self.capacity - 1]]
 
-    def held_for(self, prompt: list[int], hit: int, rooms) -> tuple[int, int | None]:
-        """MD holds a request back while most of what it lacks is on its way in another
-        transfer (``protocol.kv.holds_back``; ``rooms``: those still on the line): the
-        tokens MD then holds beyond ``hit``, and the transfer it waits for."""
-        on_way = [r for r in rooms if r in self.on_its_way]
+    def held_for(
+        self, prompt: list[int], hit: int, rooms, server: str | None = None
+    ) -> tuple[int, int | None]:
+        """MD (``server``) holds a request back while most of what it lacks is on its way
+        to it in another transfer (``protocol.kv.holds_back``; ``rooms``: those still on
+        the line): the tokens MD then holds beyond ``hit``, and the transfer it waits
+        for (the router names it in the request: ``protocol.rooms.with_after``)."""
+        on_way = [
+            r
+            for r in rooms
+            if r in self.on_its_way and self.bound_for.get(r) in (None, server or None)
+        ]
         extra, which = holds_back(prompt, hit, [self.on_its_way[r] for r in on_way])
         return (extra, on_way[which]) if extra else (0, None)
 

@@ -129,13 +129,14 @@ class PddPolicy(Policy):
             return n_in
         return n_in - self.mirror.predicted_hit(prompt, session, self.wan.clock() + self.wan.lead_s)
 
-    def _predict(self, prompt: list[int] | None, n_in: int, session: str | None):
+    def _predict(self, prompt: list[int] | None, n_in: int, session: str | None, md: str):
         """The tokens MD lacks and the WAN prediction of their KV: held back by MD while
-        most of what it lacks is on its way in another transfer, it lacks only the rest
-        once that one has ended (``WanPrediction.held_s``)."""
+        most of what it lacks is on its way to it in another transfer, it lacks only the
+        rest once that one has ended (``WanPrediction.held_s``)."""
         uncached, after = self._uncached(prompt, n_in, session), None
         if prompt is not None and uncached:
-            extra, after = self.mirror.held_for(prompt, n_in - uncached, self.wan.outstanding)
+            hit, rooms = n_in - uncached, self.wan.outstanding
+            extra, after = self.mirror.held_for(prompt, hit, rooms, md)
             uncached -= extra
         return uncached, self.wan.predict(uncached * self.pdd.kv_bytes_per_token, after)
 
@@ -169,7 +170,7 @@ class PddPolicy(Policy):
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
         n_out = max_new_tokens(body)
-        uncached, wan = self._predict(prompt, n_in, session)  # also for a pinned route
+        uncached, wan = self._predict(prompt, n_in, session, main.name)  # pinned ones too
         try:
             relay = loads.least_loaded(self.config.with_role(Role.RELAY_DECODE))
         except LookupError as exc:  # relay decode down: P->MD, the pipeline left
@@ -211,7 +212,7 @@ class ThresholdPolicy(PddPolicy):
         main = loads.least_loaded(self.config.with_role(Role.MAIN_DECODE))
         prompt = prompt_tokens(body)
         n_in = len(prompt) if prompt is not None else text_tokens(body)
-        uncached, wan = self._predict(prompt, n_in, session)
+        uncached, wan = self._predict(prompt, n_in, session, main.name)
         limit = self.pdd.threshold_tokens
         if uncached > limit and prompt is not None:
             reason = f"{uncached} uncached tokens > {limit}"

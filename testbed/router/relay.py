@@ -33,7 +33,7 @@ from aiohttp import ClientError, web
 from protocol import clock, headers
 from protocol.names import HandoffMode, Pipeline
 from protocol.records import RequestRecord
-from protocol.rooms import md_rid
+from protocol.rooms import md_rid, with_after
 from testbed.router.after import AfterRequest
 from testbed.router.client_stream import ClientStream, upstream_path
 from testbed.router.config import PddConfig
@@ -123,6 +123,8 @@ class RelayedRequest:
             up.prefill(route.prefill, self.path, self.pd_body, self.record)
         )
         md_body = {**self.pd_body, "rid": md_rid(self.record.room)}
+        after = route.wan.after if route.wan is not None else None
+        md_body = with_after(md_body, after, self.path)  # the transfer MD holds it for
         self.md = asyncio.create_task(up.post(route.main_decode, self.path, md_body))
         rld = None
         owns_md_side = True

@@ -11,7 +11,7 @@ import pytest
 from engine_patches.kv_transfer import prefix_wait
 from engine_patches.kv_transfer.prefix_wait import PrefixWait
 from protocol.kv import holds_back
-from protocol.rooms import TIME_BITS, is_dual_path, new_room, routed_before
+from protocol.rooms import TIME_BITS, is_dual_path, new_room, routed_before, with_after
 
 SHARED = list(range(100, 1124))  # a 1024-token system prompt
 
@@ -168,3 +168,63 @@ def test_rooms_compare_across_the_clocks_wrap():
     assert routed_before(new_room(routed_us=last), new_room(routed_us=last + 5))
     assert not routed_before(new_room(routed_us=last + 5), new_room(routed_us=last))
     assert is_dual_path(new_room(dual_path=True)) and not is_dual_path(new_room())
+
+
+def test_a_request_routed_first_but_queued_behind_holds_the_later_one(empty_tree):
+    """Main decode may take two legs in another order than the router sent them: the
+    later-routed one, queued first, waits for the earlier one's KV as the router predicted
+    (without the order, it went at once and sent the shared prefix again)."""
+    first, second = new_room(routed_us=1_000), new_room(routed_us=1_002)
+    q = _queue([SHARED + [2], SHARED + [1]], [])
+    q.queue[0].req.bootstrap_room, q.queue[1].req.bootstrap_room = second, first
+    held, rest = PrefixWait(60).split(q)
+    assert [r.req.bootstrap_room for r in held] == [second]
+    assert [r.req.bootstrap_room for r in rest] == [first]
+
+
+def _naming(q, i: int, room: int):
+    """The router named ``room`` in the ``i``-th queued request (protocol.rooms)."""
+    body = with_after({"sampling_params": {}}, room, "/generate")
+    q.queue[i].req.sampling_params = SimpleNamespace(**body["sampling_params"])
+
+
+def test_a_request_waits_a_while_for_the_room_the_router_named_before_it_arrives(
+    empty_tree, monkeypatch
+):
+    """The third opening turn of default run 030404 reached main decode 40 ms before the
+    first, which the router predicted it held for: with nothing on its way yet, it sent
+    its whole 10 MB beside the first's. Named, it waits for that room to arrive (at most
+    ``ARRIVAL_S``), and then for its KV as any held request does."""
+    now = [1000.0]
+    monkeypatch.setattr(prefix_wait.time, "monotonic", lambda: now[0])
+    first, third = new_room(routed_us=1_000), new_room(routed_us=1_001)
+    wait, q = PrefixWait(60), _queue([SHARED + [3]], [])
+    q.queue[0].req.bootstrap_room = third
+    _naming(q, 0, first)
+    assert len(wait.split(q)[0]) == 1  # the named room has not reached decode
+    q.queue.append(_queue([SHARED + [1]], []).queue[0])  # it has now, queued behind
+    q.queue[1].req.bootstrap_room = first
+    held, rest = wait.split(q)
+    assert [r.req.bootstrap_room for r in held] == [third] and len(rest) == 1
+    q.queue.pop()  # preallocated: its KV on the wire now
+    q.transfer_queue.queue.append(
+        SimpleNamespace(
+            req=SimpleNamespace(rid="t", origin_input_ids=SHARED + [1], bootstrap_room=first)
+        )
+    )
+    assert len(wait.split(q)[0]) == 1  # waits for that KV, as any held request
+    q.transfer_queue.queue.clear()  # in the cache (a stand-in tree matching nothing here)
+    assert not wait.split(q)[0]  # the room has been here: nothing more to wait for
+
+
+def test_a_named_room_that_never_comes_is_waited_for_only_its_arrival_bound(
+    empty_tree, monkeypatch
+):
+    now = [1000.0]
+    monkeypatch.setattr(prefix_wait.time, "monotonic", lambda: now[0])
+    wait, q = PrefixWait(60), _queue([[9] * 300], [])
+    _naming(q, 0, new_room())
+    assert len(wait.split(q)[0]) == 1
+    now[0] += prefix_wait.ARRIVAL_S
+    held, rest = wait.split(q)
+    assert not held and len(rest) == 1  # preallocated as usual: nothing else to wait for

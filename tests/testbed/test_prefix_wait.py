@@ -138,3 +138,35 @@ def test_a_parked_requests_prompt_is_in_main_decodes_prefix_cache(pdd, colocated
     assert b.first_byte < record_of(pdd, "parked-a").handoff_sent  # before A's handoff
     assert b.decode_prefix_len >= 1200 // b.page_size * b.page_size
     assert b.kv_bytes <= (1280 - b.decode_prefix_len) * a.kv_bytes / 1280 + 1
+
+
+def test_two_openings_sent_at_once_send_their_prefix_once_whichever_reaches_md_first(
+    pdd, colocated
+):
+    """Two P->MD openings sharing 1500 of 1600 tokens leave the client together; the
+    router predicts the second it routes held for the first's KV and names that room in
+    main decode's request. Their legs reach main decode in either order (default run
+    030404: the later one 40 ms first, and it sent its whole 10 MB beside the first's);
+    either way the second crosses after the first, with its own tokens only."""
+    prompt = dict(zip(("both-a", "both-b"), prompts("at-once", 1500, 100, 2), strict=True))
+    out, go = {}, threading.Barrier(2)
+
+    def run(name):
+        go.wait()
+        out[name] = stream(pdd, prompt[name], 16, name, pins=P_MD)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in prompt]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for name in prompt:
+        assert out[name] == reference_output(colocated, prompt[name], 16)
+    records = {name: record_of(pdd, name) for name in prompt}
+    (second,) = [n for n, r in records.items() if r.wan_held_for is not None]
+    (first,) = set(prompt) - {second}
+    assert records[second].wan_held_for == records[first].room  # named to main decode
+    a, b = md_transfer(pdd, first), md_transfer(pdd, second)
+    assert a.decode_prefix_len == 0 and b.decode_prefix_len >= 1500 // b.page_size * b.page_size
+    assert b.kv_bytes <= (1600 - b.decode_prefix_len) * a.kv_bytes / 1600 + 1
+    assert b.first_byte >= a.end

@@ -5,9 +5,14 @@ when that transfer ends."""
 
 from __future__ import annotations
 
+import pickle
+from types import SimpleNamespace
+
 import pytest
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
 from protocol.names import Pipeline
+from protocol.rooms import AFTER_KEY, after_room, new_room, with_after
 from testbed.router.mirror import PrefixMirror
 from testbed.router.policies import Loads
 from testbed.router.tcp_model import INITIAL_WINDOW
@@ -76,3 +81,35 @@ def test_a_held_transfer_checks_out_the_connection_the_one_it_waited_for_frees()
     assert beside.cwnd_bytes == INITIAL_WINDOW
     assert held.held_s > 0.9 and held.cwnd_bytes > 10 * INITIAL_WINDOW
     assert held.seconds < beside.seconds
+
+
+def test_only_a_transfer_to_the_same_main_decode_holds_a_request_back():
+    """With several main decode servers (scenarios/paper.yaml has four), a prefix on its
+    way to one is nothing to the others: the router predicts no hold there, and names
+    none."""
+    mirror = PrefixMirror()
+    mirror.coming(1, SHARED + [5] * 40, "md0")
+    prompt = SHARED + [7] * 300
+    assert mirror.held_for(prompt, 0, rooms=[1], server="md0") == (1024, 1)
+    assert mirror.held_for(prompt, 0, rooms=[1], server="md1") == (0, None)
+    mirror.arrived(1, ok=True)
+    assert not mirror.bound_for
+
+
+def test_the_room_a_request_is_held_for_reaches_sglangs_sampling_params():
+    """The router names the room in main decode's request; SGLang's own sampling params
+    (what its scheduler's request carries) keep it, native or OpenAI-shaped."""
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    room = new_room()
+    native = with_after(
+        {"input_ids": [1, 2], "sampling_params": {"temperature": 0}}, room, "/generate"
+    )
+    params = SamplingParams(**native["sampling_params"])
+    params.verify(vocab_size=4096)
+    assert after_room(SimpleNamespace(sampling_params=pickle.loads(pickle.dumps(params)))) == room
+    assert native["sampling_params"]["temperature"] == 0
+    chat = with_after({"messages": []}, room, "/v1/chat/completions")
+    assert ChatCompletionRequest(**chat, model="m").custom_params == {AFTER_KEY: room}
+    assert with_after(native, None, "/generate") is native  # nothing named: as it was
+    assert after_room(SimpleNamespace(sampling_params=SamplingParams())) is None
