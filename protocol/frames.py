@@ -30,8 +30,9 @@ from protocol import clock, tcp
 from protocol.env import Env
 
 MAGIC = b"PDKV"
-VERSION = 4  # 2: Done carries the sender's threshold at its first chunk; the Window frame
-# 3: the Waiting frame; 4: Done carries when the sender's first chunk left
+VERSION = 5  # 2: Done carries the sender's threshold at its first chunk; the Window frame
+# 3: the Waiting frame; 4: Done carries when the sender's first chunk left; 5: a KV chunk's
+# header says whether the sender waited for prefill before it
 HEADER = struct.Struct("!4sBBHQI")  # magic, version, type, flags, room, body length
 MAX_BODY = 1 << 30  # no frame is larger, whatever its type
 TAGGED = 1  # flags: an authentication tag follows the body
@@ -183,12 +184,31 @@ def send_frame(sock: socket.socket, kind: MsgType, room: int, *parts) -> int:
 BATCH_MIN_BYTES = 64 * 1024  # a read this large wakes its reader in batches (RcvLowat)
 
 
-def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> bytearray:
-    """Read exactly ``n`` bytes. A large read (a KV chunk) asks the kernel to wake it
-    only once a batch of bytes is queued (see :class:`RcvLowat`), not once per segment:
-    on a decode server the receiving threads otherwise wake thousands of times a second
-    while KV lands, and each wake takes the interpreter's lock from the scheduler's
-    forward pass on the same core."""
+class Arrival:
+    """Reads that note when the last bytes they returned reached this host: the kernel's
+    stamp where the socket asked for them (``tcp.stamp_arrivals``), else when read."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def read(self, sock: socket.socket, view: memoryview) -> int:
+        if isinstance(sock, ssl.SSLSocket):
+            k = sock.recv_into(view)
+            self.at = clock.now()
+            return k
+        k, ancdata, _, _ = sock.recvmsg_into([view], tcp.ARRIVAL_CMSG_BYTES)
+        self.at = tcp.arrival(ancdata) or clock.now()
+        return k
+
+
+def recv_exact(
+    sock: socket.socket, n: int, into: bytearray | None = None, arrival: Arrival | None = None
+) -> bytearray:
+    """Read exactly ``n`` bytes (``arrival``: noting when the last of them came). A large
+    read (a KV chunk) asks the kernel to wake it only once a batch of bytes is queued
+    (see :class:`RcvLowat`), not once per segment: on a decode server the receiving
+    threads otherwise wake thousands of times a second while KV lands, and each wake
+    takes the interpreter's lock from the scheduler's forward pass on the same core."""
     buf = into if into is not None else bytearray(n)
     view = memoryview(buf)[:n]
     got = 0
@@ -200,7 +220,10 @@ def recv_exact(sock: socket.socket, n: int, into: bytearray | None = None) -> by
                 lowat.expect(n - got)
             batch = True
             try:
-                k = sock.recv_into(view[got:], n - got)
+                if arrival is None:
+                    k = sock.recv_into(view[got:], n - got)
+                else:
+                    k = arrival.read(sock, view[got:])
             except TimeoutError:
                 # no batch within the timeout: a stall only if not a byte is queued;
                 # else what is queued is read at once
@@ -261,10 +284,14 @@ class RcvLowat:
 
 
 def recv_frame(
-    sock: socket.socket, on_header=None, limits: dict[MsgType, int] | None = None
+    sock: socket.socket,
+    on_header=None,
+    limits: dict[MsgType, int] | None = None,
+    on_body=None,
 ) -> tuple[MsgType, int, bytearray]:
     """Read one frame; ``on_header(kind, arrived)`` runs once the header is in, before
-    the body, with when its first bytes reached this host (see :func:`_recv_head`)."""
+    the body, with when its first bytes reached this host (see :func:`_recv_head`), and
+    ``on_body(kind, arrived)`` once the body is, with when its last bytes did."""
     if on_header is None:
         head = bytes(recv_exact(sock, HEADER.size))
         kind, room, length = parse_header(head, limits)
@@ -272,7 +299,10 @@ def recv_frame(
         head, arrived = _recv_head(sock)
         kind, room, length = parse_header(head, limits)
         on_header(kind, arrived)
-    body = recv_exact(sock, length)
+    arrival = Arrival() if on_body is not None else None
+    body = recv_exact(sock, length, arrival=arrival)
+    if arrival is not None:
+        on_body(kind, arrival.at if length else None)
     if _key:
         _check_tag(head, body, recv_exact(sock, TAG_BYTES))
     return kind, room, body

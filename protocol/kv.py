@@ -82,17 +82,21 @@ def max_chunk_body(bytes_per_row: int) -> int:
 
 @dataclass(frozen=True)
 class KvChunkHeader:
-    """Pages ``[first, first + count)`` of the transfer's page list; payload follows."""
+    """Pages ``[first, first + count)`` of the transfer's page list; payload follows.
+    ``after_wait`` (1): the sender waited for prefill to compute this chunk after it had
+    sent the one before, so the wire idled between them (the receiver measures how long
+    from its own arrival stamps: ``TransferRecord.wire_gap_s``)."""
 
     first: int
     count: int
     crc32: int
+    after_wait: int = 0
 
-    _FIXED = struct.Struct("!III")
+    _FIXED = struct.Struct("!IIIB")
     size = _FIXED.size
 
     def encode(self) -> bytes:
-        return self._FIXED.pack(self.first, self.count, self.crc32)
+        return self._FIXED.pack(self.first, self.count, self.crc32, self.after_wait)
 
     @classmethod
     def decode(cls, body: bytes | memoryview) -> KvChunkHeader:

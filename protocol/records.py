@@ -152,8 +152,12 @@ class TransferRecord:
     page_size: int = 1
     # Between its first and last chunk, the wire idled this long while the sender waited
     # for prefill to compute (a chunked prefill; a room that offered its cached pages
-    # first): from when all it had sent was acknowledged.
+    # first): the sender's count (from when all it had sent was acknowledged), or on the
+    # receiver's line the larger of that and ``wire_gap_s``.
     sender_wait_s: float = 0.0
+    # The receiver's own measure of those waits: before each chunk the sender flagged as
+    # sent after one, from the last byte before it to its first (kernel arrival stamps).
+    wire_gap_s: float = 0.0
     # The sender's TCP connection: its congestion window and slow start threshold when
     # the first chunk left (a window below the bandwidth-delay product costs slow-start
     # round trips; past the threshold, congestion avoidance's slower ones), and the

@@ -39,6 +39,30 @@ from protocol.tcp import configure_socket, stamp_arrivals
 logger = logging.getLogger("pdd.kv_transfer")
 
 
+class WireGaps:
+    """How long the wire idled before the KV chunks the sender flagged as sent after a
+    wait for prefill (``KvChunkHeader.after_wait``), from this host's arrival stamps:
+    each flagged chunk's first byte less the last byte of the chunk before it."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._first: float | None = None  # this chunk's first byte in
+        self._last: list[float | None] = [None, None]  # the chunk before's, and this one's
+
+    def head(self, arrived: float) -> None:
+        self._first = arrived
+
+    def end(self, arrived: float | None) -> None:
+        self._last = [self._last[1], arrived]
+
+    def chunk(self, after_wait: bool) -> float:
+        """A chunk is in (its header read, then its body): the idle so far."""
+        before = self._last[0]
+        if after_wait and before is not None and self._first is not None:
+            self.seconds += max(0.0, self._first - before)
+        return self.seconds
+
+
 class TcpKVReceiver(BaseKVReceiver):
     supports_host_destination = False
     require_staging = False
@@ -194,16 +218,23 @@ class TcpKVReceiver(BaseKVReceiver):
         record.wire_bytes += send_frame(sock, MsgType.TRANSFER_REQUEST, self.room, request.encode())
         sock.settimeout(timeouts.first_data)  # prefill may still be computing
 
+        gaps = WireGaps()
+
         def mark_arrival(kind: MsgType, arrived: float) -> None:
             progress["frames"] += 1
-            if kind == MsgType.KV_CHUNK and record.first_byte is None:
-                record.first_byte = arrived
+            if kind == MsgType.KV_CHUNK:
+                record.first_byte = record.first_byte or arrived
+                gaps.head(arrived)
             elif kind == MsgType.DONE:
                 record.last_byte = arrived
 
+        def mark_end(kind: MsgType, arrived: float | None) -> None:
+            if kind == MsgType.KV_CHUNK:
+                gaps.end(arrived)
+
         limits = {MsgType.KV_CHUNK: max_chunk_body(mgr.pool.bytes_per_row)}
         while True:
-            kind, _, body = recv_frame(sock, on_header=mark_arrival, limits=limits)
+            kind, _, body = recv_frame(sock, mark_arrival, limits, on_body=mark_end)
             if kind == MsgType.WINDOW:  # the last transfer's, come after its checkout
                 continue
             sock.settimeout(timeouts.idle)
@@ -226,6 +257,7 @@ class TcpKVReceiver(BaseKVReceiver):
                 if head.first + head.count > len(pages):
                     raise ProtocolError("chunk beyond the pages decode allocated")
                 mgr.pool.write(pages[head.first : head.first + head.count], payload)
+                record.wire_gap_s = gaps.chunk(bool(head.after_wait))
                 progress["pages"] += head.count
                 record.pages += head.count
                 record.kv_bytes += len(payload)
@@ -236,7 +268,8 @@ class TcpKVReceiver(BaseKVReceiver):
                     mgr.aux.write(np.array([request.aux_index]), view[4:])
             elif kind == MsgType.DONE:
                 done = Done.decode(bytes(body))
-                record.sender_wait_s = done.sender_wait_s
+                # the sender's count or the receiver's stamps, whichever saw more of it
+                record.sender_wait_s = max(done.sender_wait_s, record.wire_gap_s)
                 record.cwnd_bytes, record.retransmits = done.cwnd_bytes, done.retransmits
                 record.ssthresh_bytes = done.ssthresh_bytes
                 record.cwnd_end_bytes = done.cwnd_end_bytes

@@ -68,6 +68,7 @@ class _Leg:
         self.released = False  # the connection is not the leg's to close (reused or closed)
         self.record: TransferRecord | None = None
         self.skip = 0  # leading pages of the send stream this destination already holds
+        self.after_wait = False  # it waited for prefill since its last chunk went
         self._retransmitted = 0  # the connection's retransmissions before this transfer
         self._chrono = Chrono()  # the connection's sending times before this transfer
 
@@ -128,9 +129,10 @@ class _Leg:
         offered = sent = 0  # pages of the send stream seen / sent to this destination
         try:
             while self.state == "pending":
-                pages, last, aux, idle_s = self._next_chunk(conn, share)
+                pages, last, aux, idle_s, waited = self._next_chunk(conn, share)
                 if record.first_byte is not None:  # the wire idled for prefill
                     record.sender_wait_s += idle_s
+                    self.after_wait = self.after_wait or waited  # flags its next chunk
                 keep = pages[max(0, self.skip - offered) :]
                 offered += len(pages)
                 if share is not None and len(keep):
@@ -186,7 +188,11 @@ class _Leg:
             self.fail(reason)
 
     def _next_chunk(self, conn, share=None):
-        """Prefill's next chunk of pages, and how long of the wait for it the wire idled:
+        """Prefill's next chunk of pages, how long of the wait for it the wire idled, and
+        whether there was a wait at all (the receiver measures the wire's idle from its
+        own stamps where the chunk's header says so; this count, the sender's, took a
+        round trip's draws of hetero's dilated jitter and missed a wait its kernel
+        counted busy):
         from when the connection had sent its last byte and all were acknowledged (until
         then it still carried the chunk before: counting the whole wait took those bytes'
         time off the measured transfer, and small transfers were measured faster than the
@@ -197,7 +203,7 @@ class _Leg:
         mgr, room = self.sender.kv_mgr, self.sender.room
         period = max(0.05, mgr.timeouts.idle / 3)
         asked = noted = time.monotonic()
-        idle_from = None
+        idle_from, waited = None, self.queue.empty()
         while True:
             sharing = share is not None and conn in share
             try:
@@ -217,7 +223,7 @@ class _Leg:
                 continue
             idle_from = idle_from or wire_idle_from(conn)
             idle_s = time.monotonic() - max(asked, idle_from) if idle_from else 0.0
-            return pages, last, aux, idle_s
+            return pages, last, aux, idle_s, waited
 
     def _send_pages(self, conn, pages: np.ndarray, first: int) -> int:
         pool = self.sender.kv_mgr.pool
@@ -230,7 +236,8 @@ class _Leg:
                 tcp = tcp_state(conn)
                 self.record.cwnd_bytes, self.record.ssthresh_bytes = tcp[:2]
                 self._retransmitted, self._chrono = tcp.retransmits, tcp.chrono
-            header = KvChunkHeader(first + start, len(part), crc32(payload)).encode()
+            after_wait, self.after_wait = int(self.after_wait), False
+            header = KvChunkHeader(first + start, len(part), crc32(payload), after_wait).encode()
             self.record.wire_bytes += send_frame(
                 conn, MsgType.KV_CHUNK, self.sender.room, header, *payload
             )

@@ -165,13 +165,23 @@ def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from protocol.records import TransferRecord
+    from protocol.tcp import stamp_arrivals
 
     room, sender, decode_end = _three_page_room()
+    stamp_arrivals(decode_end)
     done: list[Done] = []
+    chunks: list[tuple[KvChunkHeader, float, float]] = []  # header, first and last in
+    first: list[float] = []
 
     def decode() -> None:
         while True:
-            kind, _, body = recv_frame(decode_end)
+            kind, _, body = recv_frame(
+                decode_end,
+                on_header=lambda kind, at: first.append(at),
+                on_body=lambda kind, at: first.append(at),
+            )
+            if kind == MsgType.KV_CHUNK:
+                chunks.append((KvChunkHeader.decode(body), first[-2], first[-1]))
             if kind == MsgType.DONE:
                 done.append(Done.decode(bytes(body)))
                 send_frame(decode_end, MsgType.ACK, room)
@@ -185,6 +195,10 @@ def test_the_senders_wait_for_prefill_between_chunks_is_not_counted_as_wire_time
     assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
     reader.join(5)
     assert 0.25 <= done[0].sender_wait_s < 5
+    # the chunk after the wait says so, and the receiver's stamps see the wire idle
+    (one, _, one_in), (two, two_out, _) = chunks
+    assert (one.after_wait, two.after_wait) == (0, 1)
+    assert 0.25 <= two_out - one_in < 5
     record = TransferRecord(room, "decode", "p", start=0.0, first_byte=10.0, end=10.5)
     record.sender_wait_s = done[0].sender_wait_s
     assert record.seconds == pytest.approx(0.5 - done[0].sender_wait_s)

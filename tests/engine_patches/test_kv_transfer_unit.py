@@ -194,3 +194,25 @@ def test_idle_hook_targets_exist():
     from sglang.srt.managers.scheduler import Scheduler
 
     assert callable(Scheduler.on_idle) and callable(Scheduler.is_fully_idle)
+
+
+def test_the_receiver_measures_the_wires_idle_before_a_chunk_sent_after_a_wait():
+    """Hetero run 014709: the sender's own count of its wait for prefill fell 0.18 s
+    short on a 2.99 s idle (a round trip's draws of the dilated jitter), and missed one
+    wait its kernel counted busy. The receiver times it from its arrival stamps, where
+    the sender flags the chunk; an unflagged gap (a loss's retransmission) is the
+    line's and stays in the transfer's time."""
+    from engine_patches.kv_transfer.receiver import WireGaps
+
+    gaps = WireGaps()
+    for first, last, flagged in [(10.0, 10.5, False), (11.0, 11.2, False), (14.0, 14.3, True)]:
+        gaps.head(first)
+        gaps.end(last)
+        seconds = gaps.chunk(flagged)
+    assert seconds == pytest.approx(14.0 - 11.2)
+    gaps.head(15.0)
+    gaps.end(None)  # an unstamped read: nothing to measure the next gap from
+    gaps.chunk(True)
+    gaps.head(18.0)
+    gaps.end(18.1)
+    assert gaps.chunk(True) == pytest.approx(14.0 - 11.2 + 15.0 - 14.3)
