@@ -17,7 +17,6 @@ import json
 from aiohttp import web
 
 from protocol import clock
-from protocol.names import Pipeline
 from protocol.records import RequestRecord
 from protocol.rooms import with_after
 from protocol.stream import Chunk, OutputStream
@@ -53,9 +52,7 @@ class DirectPipeline:
         prefill = asyncio.create_task(
             self.upstream.prefill(route.prefill, upstream_path(request), pd_body, record)
         )
-        # main decode's request names the transfer the router predicted it held back for
-        after = route.wan.after if route.wan and route.pipeline == Pipeline.P_MD else None
-        decode_body = with_after(pd_body, after, upstream_path(request))
+        decode_body = with_after(pd_body, route.md_after, upstream_path(request))
         decode = asyncio.create_task(
             self.stream(request, route.stream_from, decode_body, record, abort_if=prefill)
         )

@@ -28,6 +28,13 @@ class Route:
         return None if self.wan is None else self.wan.seconds
 
     @property
+    def md_after(self) -> int | None:
+        """The transfer main decode is predicted to hold this request back for (its room;
+        the request to main decode names it: ``protocol.rooms.with_after``)."""
+        to_md = self.pipeline in (Pipeline.P_MD, Pipeline.P_RLD_MD)
+        return self.wan.after if to_md and self.wan is not None else None
+
+    @property
     def kv_server(self) -> ServerEntry:
         """The server the prompt's KV must reach to decode to the end."""
         return self.main_decode or self.stream_from

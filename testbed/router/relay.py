@@ -123,8 +123,7 @@ class RelayedRequest:
             up.prefill(route.prefill, self.path, self.pd_body, self.record)
         )
         md_body = {**self.pd_body, "rid": md_rid(self.record.room)}
-        after = route.wan.after if route.wan is not None else None
-        md_body = with_after(md_body, after, self.path)  # the transfer MD holds it for
+        md_body = with_after(md_body, route.md_after, self.path)  # the one MD holds it for
         self.md = asyncio.create_task(up.post(route.main_decode, self.path, md_body))
         rld = None
         owns_md_side = True

@@ -6,6 +6,7 @@ when that transfer ends."""
 from __future__ import annotations
 
 import pickle
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -113,3 +114,16 @@ def test_the_room_a_request_is_held_for_reaches_sglangs_sampling_params():
     assert ChatCompletionRequest(**chat, model="m").custom_params == {AFTER_KEY: room}
     assert with_after(native, None, "/generate") is native  # nothing named: as it was
     assert after_room(SimpleNamespace(sampling_params=SamplingParams())) is None
+
+
+def test_only_a_request_whose_kv_goes_to_main_decode_names_the_transfer():
+    """Relay decode never sees the room named (an RLD-only request would wait for it)."""
+    p = policy(direct_wan_bound_s=0.1)
+    first = body(0)
+    first["input_ids"] = SHARED + [1] * 200
+    p.wan.start(101, 1224 * 8192)
+    p.mirror.coming(101, first["input_ids"], "md")
+    route = p.choose({**first, "input_ids": SHARED + [2] * 200}, Loads(), "b")
+    assert route.wan.after == 101 and route.md_after == 101
+    assert replace(route, pipeline=Pipeline.P_MD).md_after == 101
+    assert replace(route, pipeline=Pipeline.RLD_ONLY).md_after is None
