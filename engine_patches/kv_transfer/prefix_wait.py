@@ -105,7 +105,7 @@ class PrefixWait:
             waited = now - self.since.get(req.rid, now)
             if waited >= self.max_wait_s:
                 self.expired.add(req.rid)
-            ids, room, extra = req.origin_input_ids, req.bootstrap_room, 0
+            ids, room, why = req.origin_input_ids, req.bootstrap_room, None
             # only for KV routed before it, as the router predicts the hold: held for one
             # routed after it (its KV still at prefill), a request whose own KV was ready
             # waited for it (default run 025010: 5 s, its TTFT 9.2 s)
@@ -114,14 +114,15 @@ class PrefixWait:
             may_wait = req.rid not in self.expired and not decode_req.is_rebootstrap
             named = after_room(req)
             if may_wait and named is not None and named not in self.seen and waited < ARRIVAL_S:
-                extra = -1  # the room the router named has not reached decode yet
+                why = ("room %s waits for room %s, routed before it and not here yet", named)
             # the prefix cache's match (a tree walk) only for a prompt that would wait even
             # with nothing cached: every scheduler iteration comes here
             elif may_wait and ahead and holds_back(ids, 0, ahead, page)[0]:
                 extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page)
-            if extra:
+                why = ("room %s waits for %d tokens on their way", extra) if extra else None
+            if why:
                 if req.rid not in self.since:
-                    logger.info(*_why(room, extra, named))
+                    logger.info(why[0], room, why[1])
                 self.since.setdefault(req.rid, now)
                 held.append(decode_req)
             else:
@@ -135,12 +136,6 @@ def _first(j: int, other: int, i: int, room: int) -> bool:
     the router's order where the rooms say it, else by their place in the queue."""
     before, after = routed_before(other, room), routed_before(room, other)
     return j < i if before == after else bool(before)
-
-
-def _why(room, extra: int, named: int | None) -> tuple:
-    if extra < 0:
-        return "room %s waits for room %s, routed before it and not here yet", room, named
-    return "room %s waits for %d tokens on their way", room, extra
 
 
 def _wait_for(queue) -> PrefixWait | None:
