@@ -189,17 +189,17 @@ class _Leg:
 
     def _next_chunk(self, conn, share=None):
         """Prefill's next chunk of pages, how long of the wait for it the wire idled, and
-        whether there was a wait at all (the receiver measures the wire's idle from its
-        own stamps where the chunk's header says so; this count, the sender's, took a
-        round trip's draws of hetero's dilated jitter and missed a wait its kernel
-        counted busy):
-        from when the connection had sent its last byte and all were acknowledged (until
-        then it still carried the chunk before: counting the whole wait took those bytes'
-        time off the measured transfer, and small transfers were measured faster than the
-        line's rate). While prefill computes, a Waiting frame every third of the idle
-        timeout tells decode the transfer is alive: its idle timeout is for a stalled wire
-        (a cut WAN), and a long prompt's next chunk on a busy prefill can take longer.
-        Its wire idle, a leg leaves its ``share`` of the line (joins again with a chunk)."""
+        whether there was a wait at all (the chunk's header says so, and the receiver
+        times the idle from its own stamps: this count, the sender's, took a round trip's
+        draws of hetero's dilated jitter and missed a wait its kernel counted busy).
+        The idle counts from when the connection had sent its last byte and all were
+        acknowledged (until then it still carried the chunk before: counting the whole
+        wait took those bytes' time off the measured transfer, and small transfers were
+        measured faster than the line's rate). While prefill computes, a Waiting frame
+        every third of the idle timeout tells decode the transfer is alive: its idle
+        timeout is for a stalled wire (a cut WAN), and a long prompt's next chunk on a busy
+        prefill can take longer. Its wire idle, a leg leaves its ``share`` of the line
+        (joins again with a chunk)."""
         mgr, room = self.sender.kv_mgr, self.sender.room
         period = max(0.05, mgr.timeouts.idle / 3)
         asked = noted = time.monotonic()
