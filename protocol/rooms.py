@@ -16,7 +16,11 @@ rooms say nothing). The router also names, in the request it sends main decode, 
 room whose KV it predicted that request held back for (``AFTER_KEY`` in SGLang's
 ``custom_params``, which reach the scheduler's request untouched: :func:`with_after`,
 :func:`after_room`): main decode may take the later request first, before the other has
-reached it, and it cannot hold a request for one it has not seen.
+reached it, and it cannot hold a request for one it has not seen. A request whose client
+waits on main decode (P->MD) names, too, how long main decode may hold it back at most
+(``HOLD_KEY``: :func:`hold_bound`): about what its own KV's crossing was predicted to
+take, past which the hold has lost its point (hetero run 061253: a P->MD turn the
+router predicted unheld waited 76 s behind its session's stalled transfer, TTFT 89 s).
 
 Two rid prefixes tell the plugin what a request is for: main decode parks a
 ``PARK_PREFIX`` request until the handoff, and prefill caches an ``ALIGN_PREFIX``
@@ -37,6 +41,7 @@ PARK_PREFIX = "pdd-md-"  # MD's request of a relayed pipeline: parked until the 
 ALIGN_PREFIX = "pdd-align-"  # P caches this exchange (DRC alignment)
 RESERVED_PREFIXES = (PARK_PREFIX, ALIGN_PREFIX)
 AFTER_KEY = "__pdd_after_room"  # custom_params: the room decode should wait for first
+HOLD_KEY = "__pdd_hold_s"  # custom_params: the most seconds decode may hold the request
 
 
 def new_room(
@@ -63,24 +68,39 @@ def routed_before(room: int | None, other: int | None) -> bool | None:
     return 0 < ahead < (1 << (TIME_BITS - 1))
 
 
-def with_after(body: dict, room: int | None, path: str) -> dict:
-    """``body`` naming ``room`` as the transfer decode holds it back for (None: as it
-    was): a native ``/generate`` request carries ``custom_params`` in its sampling
-    params, an OpenAI one at its top."""
-    if room is None:
+def with_after(body: dict, room: int | None, path: str, hold_s: float | None = None) -> dict:
+    """``body`` naming ``room`` as the transfer decode holds it back for, and ``hold_s``
+    as the longest decode may hold it back (None: not named): a native ``/generate``
+    request carries ``custom_params`` in its sampling params, an OpenAI one at its top."""
+    named = {k: v for k, v in ((AFTER_KEY, room), (HOLD_KEY, hold_s)) if v is not None}
+    if not named:
         return body
     if path == "/generate":
         params = dict(body.get("sampling_params") or {})
-        params["custom_params"] = {**(params.get("custom_params") or {}), AFTER_KEY: room}
+        params["custom_params"] = {**(params.get("custom_params") or {}), **named}
         return {**body, "sampling_params": params}
-    return {**body, "custom_params": {**(body.get("custom_params") or {}), AFTER_KEY: room}}
+    return {**body, "custom_params": {**(body.get("custom_params") or {}), **named}}
+
+
+def _custom(req, key: str):
+    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
+    value = custom.get(key) if isinstance(custom, dict) else None
+    return None if isinstance(value, bool) else value
 
 
 def after_room(req) -> int | None:
     """The room the router named for an SGLang request (``with_after``), if any."""
-    custom = getattr(getattr(req, "sampling_params", None), "custom_params", None)
-    room = custom.get(AFTER_KEY) if isinstance(custom, dict) else None
-    return room if isinstance(room, int) and not isinstance(room, bool) else None
+    room = _custom(req, AFTER_KEY)
+    return room if isinstance(room, int) else None
+
+
+def hold_bound(req) -> float | None:
+    """The longest the router allows decode to hold an SGLang request back (``with_after``),
+    if it said (a number of seconds, at least 0)."""
+    seconds = _custom(req, HOLD_KEY)
+    if isinstance(seconds, int | float) and seconds == seconds:  # not NaN
+        return max(0.0, float(seconds))
+    return None
 
 
 def is_dual_path(room: int | None) -> bool:

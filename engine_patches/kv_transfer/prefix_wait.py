@@ -28,7 +28,9 @@ request the router predicted held for a transfer (it names that room:
 and with nothing on its way sent its whole 10 MB beside the first's.
 
 A request waits at most ``late_leg / 2`` (a dual-path room's second leg must join
-within ``late_leg``, or prefill sends to the first only), then is preallocated as usual.
+within ``late_leg``, or prefill sends to the first only), or what the router allowed it
+(``protocol.rooms.hold_bound``: a P->MD request's client waits on it, and past what its
+own KV was predicted to take the hold has lost its point), then is preallocated as usual.
 
 Lifecycle of one request in decode's prealloc queue::
 
@@ -49,7 +51,7 @@ from collections import OrderedDict
 
 from protocol.env import Env
 from protocol.kv import holds_back
-from protocol.rooms import after_room, routed_before
+from protocol.rooms import after_room, hold_bound, routed_before
 
 POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
 
@@ -103,7 +105,7 @@ class PrefixWait:
         for i, decode_req in enumerate(queue.queue):
             req = decode_req.req
             waited = now - self.since.get(req.rid, now)
-            if waited >= self.max_wait_s:
+            if waited >= min(self.max_wait_s, _or_inf(hold_bound(req))):
                 self.expired.add(req.rid)
             ids, room, why = req.origin_input_ids, req.bootstrap_room, None
             # only for KV routed before it, as the router predicts the hold: held for one
@@ -129,6 +131,10 @@ class PrefixWait:
                 self.since.pop(req.rid, None)
                 rest.append(decode_req)
         return held, rest
+
+
+def _or_inf(seconds: float | None) -> float:
+    return float("inf") if seconds is None else seconds
 
 
 def _first(j: int, other: int, i: int, room: int) -> bool:

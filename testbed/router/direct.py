@@ -52,7 +52,8 @@ class DirectPipeline:
         prefill = asyncio.create_task(
             self.upstream.prefill(route.prefill, upstream_path(request), pd_body, record)
         )
-        decode_body = with_after(pd_body, route.md_after, upstream_path(request))
+        path = upstream_path(request)
+        decode_body = with_after(pd_body, route.md_after, path, route.md_hold_s)
         decode = asyncio.create_task(
             self.stream(request, route.stream_from, decode_body, record, abort_if=prefill)
         )

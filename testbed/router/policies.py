@@ -35,6 +35,16 @@ class Route:
         return self.wan.after if to_md and self.wan is not None else None
 
     @property
+    def md_hold_s(self) -> float | None:
+        """The longest main decode may hold back a P->MD request (whose client waits on
+        it) for KV on its way: what the router predicted for its KV, held or its own
+        (past that, sending its own would have been as quick;
+        ``protocol.rooms.hold_bound``). None: MD's own bound (relay decode streams)."""
+        if self.pipeline != Pipeline.P_MD or self.wan is None:
+            return None
+        return max(self.wan.unheld_s, self.wan.held_s + self.wan.span_s)
+
+    @property
     def kv_server(self) -> ServerEntry:
         """The server the prompt's KV must reach to decode to the end."""
         return self.main_decode or self.stream_from
@@ -139,13 +149,17 @@ class PddPolicy(Policy):
     def _predict(self, prompt: list[int] | None, n_in: int, session: str | None, md: str):
         """The tokens MD lacks and the WAN prediction of their KV: held back by MD while
         most of what it lacks is on its way to it in another transfer, it lacks only the
-        rest once that one has ended (``WanPrediction.held_s``)."""
+        rest once that one has ended (``WanPrediction.held_s``; ``unheld_s``: all it lacks
+        had MD not held it, the longest MD should hold it: ``Route.md_hold_s``)."""
         uncached, after = self._uncached(prompt, n_in, session), None
+        unheld, per_token = uncached, self.pdd.kv_bytes_per_token
         if prompt is not None and uncached:
             hit, rooms = n_in - uncached, self.wan.outstanding
             extra, after = self.mirror.held_for(prompt, hit, rooms, md)
             uncached -= extra
-        return uncached, self.wan.predict(uncached * self.pdd.kv_bytes_per_token, after)
+        wan = self.wan.predict(uncached * per_token, after)
+        alone = wan if unheld == uncached else self.wan.predict(unheld * per_token)
+        return uncached, replace(wan, unheld_s=alone.span_s)
 
     def choose(self, body, loads, session: str | None = None, pinned: str | None = None):
         route = self._choose(body, loads, session)

@@ -77,6 +77,7 @@ from testbed.router.wan_items import Outstanding, WanPrediction
 from testbed.router.wan_pool import PoolModel
 
 STALE_S = 600.0  # an outstanding transfer no log ever settled is dropped after this
+MAX_CHAIN = 8  # holds behind holds followed (each is routed before the one held for it)
 MAX_UNLEARNED = 32  # lone transfers held for their sender's retransmission count
 
 
@@ -175,15 +176,26 @@ class WanLine(PoolModel):
     def due(self, now: float, after: int | None) -> float:
         """When a transfer routed ``now`` has its first byte due: ``lag_s`` on, or once
         the model sees transfer ``after`` (decode holds it back for) end."""
-        due, held = now + self.lag_s, self.outstanding.get(after)
-        if held is None:
-            return due
+        due = now + self.lag_s
+        return due if after not in self.outstanding else max(due, self._end_of(after))
+
+    def _end_of(self, room: int, depth: int = 0) -> float:
+        """When the model, now, expects outstanding transfer ``room`` to end. One decode
+        holds back for another (``Outstanding.after``) and has not checked out yet starts
+        once that one ends: hetero run 061253 had a turn held 26 s behind a late
+        opening, the model saw it drained, and the session's next turn, held for it in
+        turn, was routed P->MD as unheld (it waited 76 s)."""
+        held = self.outstanding[room]
         drained = held.drained_at
         if held.left > 1e-6:
             items = [replace(o) for o in self.outstanding.values()]
-            watch = items[list(self.outstanding).index(after)]
-            drained = self._advance(items, self._as_of, self._as_of + STALE_S, watch) or due
-        return max(due, self.ends_at(held, drained, self._as_of))
+            watch = items[list(self.outstanding).index(room)]
+            late = self._as_of + STALE_S
+            drained = self._advance(items, self._as_of, late, watch) or self._as_of + self.lag_s
+        end = self.ends_at(held, drained, self._as_of)
+        if not held.checked_out and held.after in self.outstanding and depth < MAX_CHAIN:
+            end = max(end, self._end_of(held.after, depth + 1) + held.alone_s)
+        return end
 
     def ends_at(self, o: Outstanding, drained_at: float, now: float) -> float:
         """When the model expects ``o`` to end, as seen at ``now`` (``drained_at``: when
@@ -249,7 +261,9 @@ class WanLine(PoolModel):
         nbytes = round(nbytes * self.framing.value)
         started = self.due(self._as_of, after) - self.lag_s  # its first byte due then
         window, conn, took = self._window(self._as_of, taker=room, started=started)
-        item = Outstanding(nbytes, float(nbytes), started, window, conn=conn, took=took)
+        item = Outstanding(
+            nbytes, float(nbytes), started, window, conn=conn, took=took, after=after
+        )
         item.alone_s = self._flow(nbytes, self.rate, window).extra_s + nbytes / self.goodput
         if self.loss:  # past its loss-free run it drains no faster than alone
             item.cap = nbytes / item.alone_s

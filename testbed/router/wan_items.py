@@ -18,6 +18,7 @@ class WanPrediction:
     way_s: float = 0.0  # predicted: its first byte's way across (queueing included)
     held_s: float = 0.0  # decode holds it back this long for a prefix on its way
     after: int | None = None  # the transfer it is held back for (its room)
+    unheld_s: float = 0.0  # predicted span of all it lacks, had decode not held it back
 
     @property
     def span_s(self) -> float:  # the KV's time on the line: its first byte out to last in
@@ -48,3 +49,4 @@ class Outstanding:
     conn: str | None = None  # its connection: decode's pool line's, else the model's choice
     checked_out: bool = False  # decode's pool line said which connection it took
     took: Idle | None = None  # the idle connection the model gave it (back if it never runs)
+    after: int | None = None  # the transfer decode holds it back for (its room), if any

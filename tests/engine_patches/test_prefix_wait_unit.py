@@ -228,3 +228,23 @@ def test_a_named_room_that_never_comes_is_waited_for_only_its_arrival_bound(
     now[0] += prefix_wait.ARRIVAL_S
     held, rest = wait.split(q)
     assert not held and len(rest) == 1  # preallocated as usual: nothing else to wait for
+
+
+def test_a_request_the_router_bounded_waits_no_longer_than_that(empty_tree, monkeypatch):
+    """Hetero run 061253: a P->MD turn waited 76 s for its session's previous turn, whose
+    transfer stalled on the wire (its TTFT 89 s). The router names the longest MD may
+    hold a P->MD request (``protocol.rooms.hold_bound``); past it the request goes on its
+    own and is never held again, while one without a bound keeps MD's."""
+    now = [1000.0]
+    monkeypatch.setattr(prefix_wait.time, "monotonic", lambda: now[0])
+    wait, q = PrefixWait(60), _queue([SHARED + [1], SHARED + [2]], [SHARED + [0]])
+    body = with_after({"sampling_params": {}}, None, "/generate", hold_s=2.0)
+    q.queue[0].req.sampling_params = SimpleNamespace(**body["sampling_params"])
+    assert len(wait.split(q)[0]) == 2  # both share the prefix on the wire
+    now[0] += 2.0
+    held, rest = wait.split(q)
+    assert [r.req.rid for r in rest] == ["w0"] and [r.req.rid for r in held] == ["w1"]
+    now[0] += 1.0
+    assert [r.req.rid for r in wait.split(q)[1]] == ["w0"]  # not held again
+    now[0] += 57.0
+    assert len(wait.split(q)[1]) == 2  # MD's own bound

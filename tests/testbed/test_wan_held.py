@@ -13,7 +13,8 @@ import pytest
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
 from protocol.names import Pipeline
-from protocol.rooms import AFTER_KEY, after_room, new_room, with_after
+from protocol.records import PoolRecord
+from protocol.rooms import AFTER_KEY, HOLD_KEY, after_room, hold_bound, new_room, with_after
 from testbed.router.mirror import PrefixMirror
 from testbed.router.policies import Loads
 from testbed.router.tcp_model import INITIAL_WINDOW
@@ -38,6 +39,25 @@ def test_a_transfer_held_back_for_another_starts_when_that_one_ends():
     clock.now += 0.5
     assert line.predict(MB, after=1).held_s == pytest.approx(0.5)
     assert line.predict(MB, after=3).held_s == 0  # no such transfer on the line
+
+
+def test_a_hold_behind_a_hold_ends_after_the_late_transfer_the_first_waits_for():
+    """Hetero run 061253: turn 0 of a session was held by MD behind the opening's transfer,
+    which ran late (checked out, on the wire 88 s); the model saw turn 0's bytes drained
+    long before, so turn 1, held by MD for turn 0 in turn, was predicted unheld, went
+    P->MD and waited 76 s. A transfer not yet checked out that is held for another
+    starts once that one ends, however late it runs."""
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, clock=clock)  # no delay, no loss: bytes alone
+    line.start(1, 10 * MB)  # the opening: 1 s on the line
+    line.mirror(PoolRecord(1, "checkout", "p:1", "md:1", 0, 0, [], time=clock.now))
+    line.start(2, MB, after=1)  # held behind it: due once 1 ends, then 0.1 s
+    clock.now += 11.0  # 1 is 10 s late (still on the wire); 2 never checked out
+    alone = line.predict(MB, after=2)
+    assert alone.held_s == pytest.approx(10.0 + 0.1, abs=0.05)  # 1 late as long again
+    # the model's view before: 2 drained long ago, 1's lateness nothing to it
+    line.outstanding[2].after = None
+    assert line.predict(MB, after=2).held_s == 0
 
 
 def test_the_mirror_counts_a_prompt_on_its_way_and_holds_it_once_it_arrived():
@@ -114,6 +134,19 @@ def test_the_room_a_request_is_held_for_reaches_sglangs_sampling_params():
     assert ChatCompletionRequest(**chat, model="m").custom_params == {AFTER_KEY: room}
     assert with_after(native, None, "/generate") is native  # nothing named: as it was
     assert after_room(SimpleNamespace(sampling_params=SamplingParams())) is None
+    assert hold_bound(SimpleNamespace(sampling_params=SamplingParams())) is None
+    # the longest MD may hold it, beside the room or alone
+    bounded = with_after({"sampling_params": {}}, room, "/generate", hold_s=2.5)
+    params = pickle.loads(pickle.dumps(SamplingParams(**bounded["sampling_params"])))
+    req = SimpleNamespace(sampling_params=params)
+    assert after_room(req) == room and hold_bound(req) == 2.5
+    alone = with_after({"messages": []}, None, "/v1/chat/completions", hold_s=0.4)
+    assert ChatCompletionRequest(**alone, model="m").custom_params == {HOLD_KEY: 0.4}
+    for junk in (True, "3", float("nan"), None):
+        custom = SimpleNamespace(custom_params={HOLD_KEY: junk})
+        assert hold_bound(SimpleNamespace(sampling_params=custom)) is None
+    negative = SimpleNamespace(custom_params={HOLD_KEY: -1})
+    assert hold_bound(SimpleNamespace(sampling_params=negative)) == 0.0
 
 
 def test_only_a_request_whose_kv_goes_to_main_decode_names_the_transfer():
@@ -127,3 +160,23 @@ def test_only_a_request_whose_kv_goes_to_main_decode_names_the_transfer():
     assert route.wan.after == 101 and route.md_after == 101
     assert replace(route, pipeline=Pipeline.P_MD).md_after == 101
     assert replace(route, pipeline=Pipeline.RLD_ONLY).md_after is None
+
+
+def test_md_may_hold_a_p_md_request_only_as_long_as_the_router_planned_its_kv():
+    """A P->MD request's client waits on main decode: the router names the longest MD may
+    hold it (its predicted hold and crossing, or all it lacks crossing alone if longer);
+    a relayed one streams from relay decode, and MD keeps its own bound."""
+    p = policy(direct_wan_bound_s=100.0)  # every request P->MD
+    first = body(0)
+    first["input_ids"] = SHARED + [1] * 200
+    p.wan.start(101, 1224 * 8192)
+    p.mirror.coming(101, first["input_ids"], "md")
+    held = p.choose({**first, "input_ids": SHARED + [2] * 200}, Loads(), "b")
+    assert held.pipeline == Pipeline.P_MD and held.wan.after == 101
+    alone = p.wan.predict(1224 * 8192).span_s  # all it lacks, had MD not held it
+    assert held.wan.unheld_s == pytest.approx(alone, rel=1e-3)  # the clock moved on
+    planned = held.wan.held_s + held.wan.span_s
+    assert held.md_hold_s == pytest.approx(max(alone, planned), rel=1e-3)
+    assert replace(held, pipeline=Pipeline.P_RLD_MD).md_hold_s is None
+    lone = p.choose({**first, "input_ids": [9] * 300}, Loads(), "c")  # nothing on its way
+    assert lone.wan.held_s == 0 and lone.md_hold_s == pytest.approx(lone.wan.span_s)
