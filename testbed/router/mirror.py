@@ -59,8 +59,8 @@ class PrefixMirror:
     def __init__(self, recent: int = 32, capacity_tokens: int = 65536) -> None:
         self.by_session: OrderedDict[str, np.ndarray] = OrderedDict()
         self.expected: OrderedDict[str, Expected] = OrderedDict()
-        self.on_its_way: OrderedDict[int, np.ndarray] = OrderedDict()  # room: its prompt
-        self.bound_for: dict[int, str | None] = {}  # room: the main decode it goes to
+        # room: its prompt, and the main decode it goes to
+        self.on_its_way: OrderedDict[int, tuple[np.ndarray, str | None]] = OrderedDict()
         self.recent: list[np.ndarray] = []
         self.capacity = recent
         self.capacity_tokens = capacity_tokens
@@ -68,18 +68,17 @@ class PrefixMirror:
 
     def coming(self, room: int, prompt: list[int], server: str | None = None) -> None:
         """``prompt``'s KV is on its way to MD (transfer ``room``; to ``server``)."""
-        self.on_its_way[room] = np.asarray(prompt, dtype=np.int32)[: self.capacity_tokens]
-        self.bound_for[room] = server
+        ids = np.asarray(prompt, dtype=np.int32)[: self.capacity_tokens]
+        self.on_its_way[room] = (ids, server)
         while len(self.on_its_way) > MAX_EXPECTED:
-            self.bound_for.pop(self.on_its_way.popitem(last=False)[0], None)
+            self.on_its_way.popitem(last=False)
 
     def arrived(self, room: int, ok: bool) -> None:
         """Transfer ``room`` ended: MD's prefix cache holds its prompt from now (SGLang's
         merge, or parking, puts a transferred prompt there), unless it failed."""
-        ids = self.on_its_way.pop(room, None)
-        self.bound_for.pop(room, None)
-        if ids is not None and ok:
-            self.recent = [ids, *self.recent[: self.capacity - 1]]
+        coming = self.on_its_way.pop(room, None)
+        if coming is not None and ok:
+            self.recent = [coming[0], *self.recent[: self.capacity - 1]]
 
     def held_for(
         self, prompt: list[int], hit: int, rooms, server: str | None = None
@@ -89,11 +88,9 @@ class PrefixMirror:
         the line): the tokens MD then holds beyond ``hit``, and the transfer it waits
         for (the router names it in the request: ``protocol.rooms.with_after``)."""
         on_way = [
-            r
-            for r in rooms
-            if r in self.on_its_way and self.bound_for.get(r) in (None, server or None)
+            r for r in rooms if r in self.on_its_way and self.on_its_way[r][1] in (None, server)
         ]
-        extra, which = holds_back(prompt, hit, [self.on_its_way[r] for r in on_way])
+        extra, which = holds_back(prompt, hit, [self.on_its_way[r][0] for r in on_way])
         return (extra, on_way[which]) if extra else (0, None)
 
     def clear(self) -> None:

@@ -114,7 +114,7 @@ def test_only_a_transfer_to_the_same_main_decode_holds_a_request_back():
     assert mirror.held_for(prompt, 0, rooms=[1], server="md0") == (1024, 1)
     assert mirror.held_for(prompt, 0, rooms=[1], server="md1") == (0, None)
     mirror.arrived(1, ok=True)
-    assert not mirror.bound_for
+    assert not mirror.on_its_way
 
 
 def test_the_room_a_request_is_held_for_reaches_sglangs_sampling_params():
