@@ -42,17 +42,33 @@ def common_prefix(a, b) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def holds_back(prompt, cached: int, on_its_way: list, page_size: int = 1) -> tuple[int, int]:
-    """Decode holds a request back while another's KV on its way to it (``on_its_way``:
-    their prompts) brings at least half of what its prefix cache lacks of ``prompt``
-    beyond the ``cached`` tokens (and a page): those tokens, and which of them it waits
-    for; else (0, -1). (engine_patches.kv_transfer.prefix_wait; the router mirrors it.)"""
-    shares = [common_prefix(prompt, other) for other in on_its_way]
-    if not shares:
-        return 0, -1
-    best = max(range(len(shares)), key=shares.__getitem__)
-    extra = shares[best] - cached
-    if extra >= max(page_size, 1) and 2 * extra >= len(prompt) - cached:
+def holds_back(
+    prompt, cached: int, on_its_way: list, page_size: int = 1, arrived: list = ()
+) -> tuple[int, int]:
+    """Whether decode holds a request back for another's KV on its way to it
+    (``on_its_way``: their prompts; ``arrived``: prompts whose KV is here, not yet in the
+    prefix cache, listed after them): the tokens of ``prompt`` beyond the ``cached`` ones
+    it would then hold, and which transfer it waits for; else (0, -1).
+
+    It waits where, under a fair share of the line, waiting for the other's KV and then
+    sending its own rest ends no later than sending all it lacks beside the other: with
+    the other's whole lack still to go (at most its prompt beyond ``cached``) that is
+    whenever the other lacks no more than this one lacks plus what it brings (beside one
+    carrying more, a transfer ends after twice its own bytes). And what it brings is a
+    page and a quarter of what this one lacks at least: below that, waiting saves little
+    against the other's timing, which no one knows (it may stall on the wire).
+    Hetero run 061253: a turn lacking 2,976 tokens, 1,440 of them coming in its
+    session's previous turn, sent its 24 MB beside that one's 11.8 MB on a new
+    connection (2,330 retransmissions), and the other stalled 89 s (the rule was half).
+    (engine_patches.kv_transfer.prefix_wait; the router mirrors it.)"""
+    lack = len(prompt) - cached
+    best, extra = -1, 0
+    for i, other in enumerate([*on_its_way, *arrived]):
+        brings = common_prefix(prompt, other) - cached
+        others_lack = 0 if i >= len(on_its_way) else len(other) - cached
+        if brings > extra and others_lack <= lack + brings:
+            best, extra = i, brings
+    if extra >= max(page_size, 1) and 4 * extra >= lack:
         return extra, best
     return 0, -1
 

@@ -10,15 +10,15 @@ what the line carries in 6-7).
 An AROUND hook on SGLang's ``DecodePreallocQueue.pop_preallocated`` keeps such a
 request out of preallocation (it stays queued; nothing is allocated for it) while a
 request whose KV is on its way here (in the transfer queue or ahead of it in this queue,
-routed before it; or transferred and not yet in the prefix cache) shares at least half
-of what the cache lacks of its prompt (``protocol.kv.holds_back``; the router predicts
-with it too, in its routing order, which the rooms carry: ``protocol.rooms``).
+routed before it; or transferred and not yet in the prefix cache) brings enough of what
+the cache lacks of its prompt (``protocol.kv.holds_back``; the router predicts with it
+too, in its routing order, which the rooms carry: ``protocol.rooms``).
 Once that KV has arrived and its prompt is in the cache (SGLang's PREBUILT merge puts
 it there; a parked PDD request's when it is parked,
 :func:`engine_patches.handoff.md.publish_prompt`), the request matches it and prefill
-sends only the rest. Half: under a fair share of the line, a request that waits for the
+sends only the rest: under a fair share of the line, a request that waits for the
 other's remaining bytes and then sends its own rest is done no later than one that sends
-everything beside it whenever most of what it lacks is coming anyway.
+everything beside it, unless the other carries much more than it needs.
 
 Requests in this queue count in the router's order (the rooms carry it), not the order
 their legs reached decode: one routed first but queued behind holds a later one back. A
@@ -111,7 +111,7 @@ class PrefixWait:
             # only for KV routed before it, as the router predicts the hold: held for one
             # routed after it (its KV still at prefill), a request whose own KV was ready
             # waited for it (default run 025010: 5 s, its TTFT 9.2 s)
-            ahead = here + [p for r, p in coming if routed_before(room, r) is not True]
+            ahead = [p for r, p in coming if routed_before(room, r) is not True]
             ahead += [p for j, (r, p) in enumerate(queued) if j != i and _first(j, r, i, room)]
             may_wait = req.rid not in self.expired and not decode_req.is_rebootstrap
             named = after_room(req)
@@ -119,8 +119,8 @@ class PrefixWait:
                 why = ("room %s waits for room %s, routed before it and not here yet", named)
             # the prefix cache's match (a tree walk) only for a prompt that would wait even
             # with nothing cached: every scheduler iteration comes here
-            elif may_wait and ahead and holds_back(ids, 0, ahead, page)[0]:
-                extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page)
+            elif may_wait and holds_back(ids, 0, ahead, page, here)[0]:
+                extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page, here)
                 why = ("room %s waits for %d tokens on their way", extra) if extra else None
             if why:
                 if req.rid not in self.since:

@@ -20,7 +20,7 @@ those four were the run's WAN-error tail (2.4 to 23 times the measured time).
 
 A prompt whose KV is on its way to MD (``coming``, a transfer routed there) is in MD's
 cache from when that transfer ends (``arrived``): MD's prefix cache takes a transferred
-prompt at once. Until then a request sharing most of what MD lacks of it is held back
+prompt at once. Until then a request sharing enough of what MD lacks of it is held back
 by MD (``held_for``; :mod:`engine_patches.kv_transfer.prefix_wait`) and then lacks only
 the rest.
 
@@ -83,7 +83,7 @@ class PrefixMirror:
     def held_for(
         self, prompt: list[int], hit: int, rooms, server: str | None = None
     ) -> tuple[int, int | None]:
-        """MD (``server``) holds a request back while most of what it lacks is on its way
+        """MD (``server``) holds a request back while enough of what it lacks is on its way
         to it in another transfer (``protocol.kv.holds_back``; ``rooms``: those still on
         the line): the tokens MD then holds beyond ``hit``, and the transfer it waits
         for (the router names it in the request: ``protocol.rooms.with_after``)."""

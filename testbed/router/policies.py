@@ -148,7 +148,7 @@ class PddPolicy(Policy):
 
     def _predict(self, prompt: list[int] | None, n_in: int, session: str | None, md: str):
         """The tokens MD lacks and the WAN prediction of their KV: held back by MD while
-        most of what it lacks is on its way to it in another transfer, it lacks only the
+        enough of what it lacks is on its way to it in another transfer, it lacks only the
         rest once that one has ended (``WanPrediction.held_s``; ``unheld_s``: all it lacks
         had MD not held it, the longest MD should hold it: ``Route.md_hold_s``)."""
         uncached, after = self._uncached(prompt, n_in, session), None

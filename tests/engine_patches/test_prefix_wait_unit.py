@@ -32,14 +32,34 @@ def test_what_the_cache_already_holds_is_not_waited_for():
 def test_a_small_share_of_what_is_lacked_is_sent_again_rather_than_waited_for():
     prompt = SHARED[:100] + list(range(5000, 6000))  # 100 of 1100 coming
     assert holds_back(prompt, 0, [SHARED])[0] == 0
-    exactly_half = SHARED[:500] + list(range(5000, 5500))
-    assert holds_back(exactly_half, 0, [SHARED])[0] == 500
+    a_quarter = SHARED[:256] + list(range(5000, 5768))
+    assert holds_back(a_quarter, 0, [SHARED])[0] == 256
+
+
+def test_less_than_half_coming_is_waited_for_where_waiting_ends_sooner():
+    """Hetero run 061253: a turn lacking 2,976 tokens, 1,440 of them in its session's
+    previous turn on its way, sent all of it beside that one (the rule was half)."""
+    previous = SHARED + list(range(5000, 5416))  # 1440 tokens
+    turn = previous + list(range(7000, 8536))  # 2976 tokens
+    assert holds_back(turn, 0, [previous]) == (1440, 0)
+
+
+def test_a_transfer_carrying_much_more_than_a_request_needs_is_not_waited_for():
+    """Beside a 5,000-token transfer a 300-token request ends after twice its own bytes;
+    waiting for the other's 5,000 first would take far longer, however much it shares."""
+    prompt = SHARED[:200] + list(range(5000, 5100))
+    huge = SHARED + list(range(6000, 9976))
+    assert holds_back(prompt, 0, [huge])[0] == 0
+    assert holds_back(prompt, 0, [huge[:250]]) == (200, 0)  # the other lacks little
+    # a prompt whose KV has arrived (not yet in the cache) leaves nothing on the line
+    assert holds_back(prompt, 0, [], arrived=[huge]) == (200, 0)
+    assert holds_back(prompt, 0, [SHARED[:10]], arrived=[huge]) == (200, 1)
 
 
 def test_less_than_a_page_is_not_waited_for():
     prompt = SHARED[:10] + [1, 2]
-    assert holds_back(prompt, 0, [SHARED], page_size=16)[0] == 0
-    assert holds_back(prompt, 0, [SHARED], page_size=1)[0] == 10
+    assert holds_back(prompt, 0, [SHARED[:10] + [5]], page_size=16)[0] == 0
+    assert holds_back(prompt, 0, [SHARED[:10] + [5]], page_size=1)[0] == 10
 
 
 def test_nothing_on_its_way_nothing_to_wait_for():

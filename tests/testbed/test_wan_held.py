@@ -1,5 +1,5 @@
 """A prefix on its way to main decode, as the router predicts it (no servers): MD holds a
-request back while most of what it lacks is coming in another transfer
+request back while enough of what it lacks is coming in another transfer
 (engine_patches.kv_transfer.prefix_wait), so the router predicts only the rest, from
 when that transfer ends."""
 
