@@ -105,8 +105,13 @@ class PrefixWait:
         for i, decode_req in enumerate(queue.queue):
             req = decode_req.req
             waited = now - self.since.get(req.rid, now)
-            if waited >= min(self.max_wait_s, _or_inf(hold_bound(req))):
+            most = min(self.max_wait_s, _or_inf(hold_bound(req)))
+            if waited >= most and req.rid not in self.expired:
                 self.expired.add(req.rid)
+                if req.rid in self.since:  # a reviewer counts the holds cut short
+                    logger.info(
+                        "room %s goes on after %.1f s held (its most)", req.bootstrap_room, waited
+                    )
             ids, room, why = req.origin_input_ids, req.bootstrap_room, None
             # only for KV routed before it, as the router predicts the hold: held for one
             # routed after it (its KV still at prefill), a request whose own KV was ready

@@ -250,7 +250,7 @@ def test_a_named_room_that_never_comes_is_waited_for_only_its_arrival_bound(
     assert not held and len(rest) == 1  # preallocated as usual: nothing else to wait for
 
 
-def test_a_request_the_router_bounded_waits_no_longer_than_that(empty_tree, monkeypatch):
+def test_a_request_the_router_bounded_waits_no_longer_than_that(empty_tree, monkeypatch, caplog):
     """Hetero run 061253: a P->MD turn waited 76 s for its session's previous turn, whose
     transfer stalled on the wire (its TTFT 89 s). The router names the longest MD may
     hold a P->MD request (``protocol.rooms.hold_bound``); past it the request goes on its
@@ -262,8 +262,10 @@ def test_a_request_the_router_bounded_waits_no_longer_than_that(empty_tree, monk
     q.queue[0].req.sampling_params = SimpleNamespace(**body["sampling_params"])
     assert len(wait.split(q)[0]) == 2  # both share the prefix on the wire
     now[0] += 2.0
-    held, rest = wait.split(q)
+    with caplog.at_level("INFO", logger="pdd.prefix_wait"):
+        held, rest = wait.split(q)
     assert [r.req.rid for r in rest] == ["w0"] and [r.req.rid for r in held] == ["w1"]
+    assert "room w0 goes on after 2.0 s held" in caplog.text  # counted in MD's log
     now[0] += 1.0
     assert [r.req.rid for r in wait.split(q)[1]] == ["w0"]  # not held again
     now[0] += 57.0
