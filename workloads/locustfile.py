@@ -121,6 +121,7 @@ PDD_ROWS = [  # the PDD tab's table: one row per figure of the router's /pdd/sta
     ("handoffs", "handoffs"),
     ("handoff_gap_p50_s", "handoff stream gap P50 (s)"),
     ("handoff_gap_p90_s", "handoff stream gap P90 (s)"),
+    ("records_pending", "requests whose record is not yet written"),
 ]
 
 

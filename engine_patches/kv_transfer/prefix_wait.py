@@ -70,13 +70,15 @@ def _cached_tokens(tree, req) -> int:
 
 
 class PrefixWait:
-    """One per decode prealloc queue: since when each held request waits, those that
-    waited their most (never held again while they stay queued), and the rooms that have
-    reached this queue (a named room among them is here, or has been)."""
+    """One per decode prealloc queue: since when each held request waits and why (the
+    reason logged last: a request held for a named room, then for its KV, logs both),
+    those that waited their most (never held again while they stay queued), and the rooms
+    that have reached this queue (a named room among them is here, or has been)."""
 
     def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
         self.since: dict[str, float] = {}
+        self.why: dict[str, str] = {}
         self.expired: set[str] = set()
         self.seen: OrderedDict[int, None] = OrderedDict()
 
@@ -128,12 +130,14 @@ class PrefixWait:
                 extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page, here)
                 why = ("room %s waits for %d tokens on their way", extra) if extra else None
             if why:
-                if req.rid not in self.since:
+                if self.why.get(req.rid) != why[0]:
                     logger.info(why[0], room, why[1])
+                    self.why[req.rid] = why[0]
                 self.since.setdefault(req.rid, now)
                 held.append(decode_req)
             else:
                 self.since.pop(req.rid, None)
+                self.why.pop(req.rid, None)
                 rest.append(decode_req)
         return held, rest
 

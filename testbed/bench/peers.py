@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from protocol.records import read_records, write_atomic
+from testbed.bench.records_wait import wait_for_records
 from testbed.bench.run import COMPLETE, INCOMPLETE, NET_NAME, bring_up
 from testbed.cpu_share import harness_priority
 from testbed.deployment import Deployment
@@ -147,7 +148,7 @@ def measure(deployment: Deployment, out: Path, load: PeerLoad, console: Console)
             )
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"{system}: bench_serving ran past {exc.timeout:.0f} s") from None
-    time.sleep(1.0)  # the router writes a record after its last token
+    wait_for_records(deployment.router_url)  # a relayed one's waits for its WAN leg
     if problems := deployment.problems():
         raise RuntimeError(f"{system}: " + "; ".join(problems))
     if done.returncode != 0 or not result_path.exists():

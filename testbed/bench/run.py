@@ -30,6 +30,7 @@ from testbed import dilation, planning
 from testbed.bench import calibrate
 from testbed.bench.load import Load
 from testbed.bench.progress import LoadProgress
+from testbed.bench.records_wait import wait_for_records
 from testbed.deployment import Deployment
 from testbed.model import describe as describe_model
 from testbed.run_dirs import new_run_dir
@@ -124,7 +125,8 @@ def _run_system(
                 f"{system}: Locust exited with {load.returncode}; see {out}/locust.log"
             )
         load.finish()  # the workers' records, merged
-        time.sleep(1.0)  # the router writes a record after its last token
+        if pending := wait_for_records(deployment.router_url):
+            console.print(f"[yellow]{system}: {pending} record(s) cut short at the end[/yellow]")
         if problems := deployment.problems():
             raise DeploymentDied(f"{system}: " + "; ".join(problems))
     finally:
@@ -180,7 +182,7 @@ def warm_up(deployment: Deployment, scenario: Scenario, out: Path) -> None:
         )
         if r.status_code != 200:
             raise RuntimeError(f"{deployment.system.name}: warm-up failed: {r.text[:300]}")
-    time.sleep(1.0)  # the router writes a record after its last token
+    wait_for_records(deployment.router_url)  # a late one would count as the load's
     if deployment.records_path.exists():
         deployment.records_path.rename(out / "warmup-records.jsonl")
 

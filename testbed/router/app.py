@@ -13,8 +13,10 @@ the decode request and reaches the client as an error; any failure after the str
 started is an SSE error event and the stream's end.
 
 Lifecycle: ``Router(config).app()`` → on startup the upstream sessions open and the
-health checks start → requests → on cleanup background work is cancelled and the
-sessions close.
+health checks start → requests → on cleanup the records still waiting for P's answer
+get ``SHUTDOWN_WRITE_S`` to be written whole, then background work is cancelled (a
+record cut short says so) and the sessions close. A harness that stops the router waits
+first until ``/pdd/stats`` shows no ``records_pending``.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from testbed.router.validate import Rejected, check_body, check_headers
 ENDPOINTS = ("/generate", "/v1/completions", "/v1/chat/completions")
 INFO = ("/v1/models", "/model_info", "/server_info")  # answered by a server
 OPENAI = (COMPLETIONS, CHAT)  # tokenized at the router, served natively
+SHUTDOWN_WRITE_S = 5.0  # at shutdown, records waiting for P's answer get this long
 logger = logging.getLogger("pdd.router")
 
 
@@ -74,6 +77,7 @@ class Router:
         self._wan_logs = {Path(s.transfer_log) for s in far if s.transfer_log}
         self._far_hosts = {s.host for s in far}
         self._background: set[asyncio.Task] = set()  # work that outlives its request
+        self._late_writes: set[asyncio.Task] = set()  # records waiting for P's answer
         self.active = 0  # requests being handled
         self.live = LiveStats()
         self.health_checks: Health | None = None
@@ -121,6 +125,8 @@ class Router:
         self.background(self.health_checks.run())
 
     async def _stop(self, app) -> None:
+        if self._late_writes:  # records of finished requests: whole if P answers soon
+            await asyncio.wait(self._late_writes, timeout=SHUTDOWN_WRITE_S)
         for task in self._background:
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -148,7 +154,8 @@ class Router:
     async def stats(self, request: web.Request) -> web.Response:
         """Live figures since the router started (Locust's PDD tab shows them): requests
         per pipeline and per status, KV bytes over the WAN, handoff stream gaps."""
-        return web.json_response(self.live.as_dict())
+        pending = self.active + len(self._late_writes)  # requests whose record is unwritten
+        return web.json_response({**self.live.as_dict(), "records_pending": pending})
 
     async def info(self, request: web.Request) -> web.Response:
         return await server_info.first_healthy(
@@ -241,8 +248,15 @@ class Router:
             late = self.unfinished_prefills.pop(id(record), None)
             if late is None:
                 await self._write(route, record)
-            else:  # the client is done; P's answer (its prefix hit) comes with its WAN leg
-                self.background(self._write(route, record, after=late))
+            else:
+                self._write_later(route, record, late)
+
+    def _write_later(self, route: Route, record: RequestRecord, late: asyncio.Task) -> None:
+        """The client is done; P's answer (its prefix hit) comes with its WAN leg: the
+        record is written then, off the client's path (``records_pending`` counts it)."""
+        task = self.background(self._write(route, record, after=late))
+        self._late_writes.add(task)
+        task.add_done_callback(self._late_writes.discard)
 
     async def _body(self, request: web.Request) -> object:
         try:
@@ -309,6 +323,10 @@ class Router:
                 if not after.cancelled():
                     after.exception()  # retrieved: a failed late answer changes nothing
             await self.transfers.join(route, record)
+        except asyncio.CancelledError:  # the router stops: the record is not passed off whole
+            cut = "written at the router's shutdown, before its KV transfer was joined"
+            record.fallback = f"{record.fallback}; {cut}" if record.fallback else cut
+            raise
         finally:
             self._abandon(record)
             self.records.write(record)

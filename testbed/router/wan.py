@@ -208,7 +208,8 @@ class WanLine(PoolModel):
         3 s were expected, and the model gave their connections, still busy, to the next
         ones). One not checked out yet is late to start, by a wait the model cannot
         see (a relayed request's, behind main decode's batch: hetero run 110250 had two
-        start 10 s late and end 2 s after that), and is left at its drain."""
+        start 10 s late and end 2 s after that), and is left at its drain here; one decode
+        holds back for another transfer starts once that one ends (``_end_of`` chains it)."""
         end = max(drained_at, o.started + self.lag_s + o.alone_s)
         return end if end >= now or not o.checked_out else 2 * now - end
 

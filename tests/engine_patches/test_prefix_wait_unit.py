@@ -209,12 +209,14 @@ def _naming(q, i: int, room: int):
 
 
 def test_a_request_waits_a_while_for_the_room_the_router_named_before_it_arrives(
-    empty_tree, monkeypatch
+    empty_tree, monkeypatch, caplog
 ):
     """The third opening turn of default run 030404 reached main decode 40 ms before the
     first, which the router predicted it held for: with nothing on its way yet, it sent
     its whole 10 MB beside the first's. Named, it waits for that room to arrive (at most
-    ``ARRIVAL_S``), and then for its KV as any held request does."""
+    ``ARRIVAL_S``), and then for its KV as any held request does; MD's log says each
+    reason once."""
+    caplog.set_level("INFO", logger="pdd.prefix_wait")
     now = [1000.0]
     monkeypatch.setattr(prefix_wait.time, "monotonic", lambda: now[0])
     first, third = new_room(routed_us=1_000), new_room(routed_us=1_001)
@@ -223,7 +225,7 @@ def test_a_request_waits_a_while_for_the_room_the_router_named_before_it_arrives
     _naming(q, 0, first)
     assert len(wait.split(q)[0]) == 1  # the named room has not reached decode
     q.queue.append(_queue([SHARED + [1]], []).queue[0])  # it has now, queued behind
-    q.queue[1].req.bootstrap_room = first
+    q.queue[1].req.bootstrap_room, q.queue[1].req.rid = first, "first"
     held, rest = wait.split(q)
     assert [r.req.bootstrap_room for r in held] == [third] and len(rest) == 1
     q.queue.pop()  # preallocated: its KV on the wire now
@@ -235,6 +237,9 @@ def test_a_request_waits_a_while_for_the_room_the_router_named_before_it_arrives
     assert len(wait.split(q)[0]) == 1  # waits for that KV, as any held request
     q.transfer_queue.queue.clear()  # in the cache (a stand-in tree matching nothing here)
     assert not wait.split(q)[0]  # the room has been here: nothing more to wait for
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and f"waits for room {first}" in said[0]
+    assert "tokens on their way" in said[1]
 
 
 def test_a_named_room_that_never_comes_is_waited_for_only_its_arrival_bound(

@@ -87,7 +87,8 @@ def test_small_bench_writes_a_complete_report_that_regenerates(tmp_path):
     assert ((cross["kv_span_s"] - cross["kv_transfer_s"]) > 0.008).all(), cross["kv_span_s"]
     for name, s in run.systems.items():  # where each first token's time went
         split = ttft_parts_that_add_up(s.records, name)
-        assert split[TtftPart.SERVER].isna().all(), (name, split)  # stamps joined from logs
+        why = split.join(s.records[["request_id", "pipeline", "fallback"]])
+        assert split[TtftPart.SERVER].isna().all(), (name, why)  # stamps joined from logs
     manifest = run.systems["pdd"].manifest
     assert all(s["argv"][:2] == ["taskset", "-c"] for s in manifest["servers"])  # pinned
 

@@ -134,3 +134,45 @@ def test_a_failed_requests_transfer_leaves_the_wan_model_when_its_record_is_writ
         record.room, record.status = room, status
         asyncio.run(router._write(route, record))
     assert list(wan.outstanding) == [2] and list(mirror.on_its_way) == [2]
+
+
+def test_a_record_waiting_for_p_at_shutdown_is_written_whole_or_says_it_was_cut(
+    tmp_path, monkeypatch
+):
+    """Records still waiting for P's answer count in ``/pdd/stats`` (a harness waits for
+    none before it stops the router: the small bench's last relayed record lost its KV
+    stamps when the router was stopped 1 s after the last token). At shutdown the router
+    gives them ``SHUTDOWN_WRITE_S``: one whose answer comes in time is written whole, one
+    past it is written saying it was cut short. Stand-ins for P's calls answer 0.1 s and
+    30 s late."""
+    from testbed.router import app as app_module
+
+    monkeypatch.setattr(app_module, "SHUTDOWN_WRITE_S", 1.0)
+    router = Router(colocated_config(tmp_path, {"s": free_port()}))
+    route = Route(Pipeline.COLOCATED, "test", router.config.servers[0])
+    records = [RequestRecord(request_id=f"r{i}", system="x", endpoint="/generate") for i in (1, 2)]
+
+    async def late_answer(seconds: float, record: RequestRecord):
+        await asyncio.sleep(seconds)
+        record.cached_tokens_prefill = 7
+
+    async def main():
+        delays = zip((0.1, 30), records, strict=True)
+        answers = [asyncio.create_task(late_answer(s, r)) for s, r in delays]
+        for record, answer in zip(records, answers, strict=True):
+            router._write_later(route, record, answer)
+        pending = json.loads((await router.stats(None)).text)["records_pending"]
+        started = time.monotonic()
+        await router._stop(None)
+        answers[1].cancel()
+        return pending, time.monotonic() - started
+
+    pending, stop_s = asyncio.run(main())
+    assert pending == 2 and stop_s < 5
+    written = {
+        d["request_id"]: d
+        for d in map(json.loads, (tmp_path / "records.jsonl").read_text().splitlines())
+    }
+    assert written["r1"]["cached_tokens_prefill"] == 7 and written["r1"]["fallback"] is None
+    assert written["r2"]["cached_tokens_prefill"] is None  # P never answered
+    assert "before its KV transfer was joined" in written["r2"]["fallback"]
