@@ -51,6 +51,11 @@ class TokenTimes:
         return None if self.finish is None else self.finish - getattr(self, self.START)
 
 
+# A record's ``fallback`` says this when the router stopped before the record's KV
+# transfer was joined (it waited for prefill's answer): its TTFT parts are missing.
+CUT_AT_SHUTDOWN = "written at the router's shutdown, before its KV transfer was joined"
+
+
 @dataclass
 class RequestRecord(TokenTimes):
     """One row per request, written by the router — the only thing the report reads."""
@@ -100,7 +105,8 @@ class RequestRecord(TokenTimes):
     relay_stop_reason: str | None = None  # a protocol.names.RelayStop: why then
     relay_stop_md_behind: int | None = None  # tokens main decode lacked of those the router held
     handoff_mismatch: bool = False  # main decode's echo of the eager tokens differed
-    fallback: str | None = None  # why relay decode finished a request meant for MD
+    fallback: str | None = None  # why relay decode finished a request meant for MD; or
+    # CUT_AT_SHUTDOWN, appended
     predicted_wan_s: float | None = None  # the routing input: the KV's predicted WAN time
     # (its first byte to its last at main decode)
     predicted_kv_span_s: float | None = None  # ... and its span: P's first KV byte out to

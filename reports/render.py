@@ -9,7 +9,7 @@ import pandas as pd
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
-from protocol.records import write_atomic
+from protocol.records import CUT_AT_SHUTDOWN, write_atomic
 from reports import hetero, itl, plots, summary, ttft
 from reports.harness import harness
 from reports.run_data import RunData, load_run
@@ -92,7 +92,19 @@ def build(run: RunData) -> str:
         emulation=run.emulation,
         target=run.target_scenario,
         unfaithful=[name for name, ok in faithful.items() if not ok],
+        cut_short=cut_short(run),
     )
+
+
+def cut_short(run: RunData) -> dict[str, int]:
+    """Per system, the records the router wrote at its shutdown before joining their KV
+    transfer (their TTFT parts are missing); systems with none are left out."""
+    counts = {}
+    for name, s in run.systems.items():
+        fallback = s.records.get("fallback", pd.Series(dtype=object)).fillna("")
+        if n := int(fallback.str.contains(CUT_AT_SHUTDOWN, regex=False).sum()):
+            counts[name] = n
+    return counts
 
 
 def write_report(run_dir: Path) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class WorkloadError(ValueError):
@@ -44,6 +44,13 @@ class WorkloadSpec(BaseModel):
         "(the client's read timeout; dilated under emulation, as every time is).",
     )
     max_requests: int = Field(0, ge=0, description="Stop after this many requests (0: all).")
+    first_request: int = Field(
+        0,
+        ge=0,
+        description="Trace file: replay from this request on (the file's order; with "
+        "max_requests, a window; a session begun before it is left out whole). Its hits "
+        "are what the window's requests share among themselves (workloads.scaling.window).",
+    )
     speedup: float = Field(1.0, gt=0, description="Open loop: arrival-time compression.")
     arrival: str = Field(
         "trace",
@@ -68,6 +75,12 @@ class WorkloadSpec(BaseModel):
         None, ge=1, description="Trace file: cap prompts (after scaling) at this many tokens."
     )
 
+    @model_validator(mode="after")
+    def _window_of_a_file(self) -> WorkloadSpec:
+        if self.first_request and self.trace is None:
+            raise ValueError("first_request takes a window of a trace file; no trace is given")
+        return self
+
     @property
     def scaling(self):
         from workloads.scaling import Scaling
@@ -82,13 +95,14 @@ class WorkloadSpec(BaseModel):
         if self.trace is not None:
             if not self.trace.exists():
                 raise WorkloadError(f"workload.trace {self.trace} does not exist")
-            if self.scaling.identity:
+            if self.scaling.identity and not self.first_request:
                 return self.trace
             from workloads.readers import read_trace
-            from workloads.scaling import scale_trace
+            from workloads.scaling import scale_trace, window
 
             try:
-                scaled = scale_trace(read_trace(self.trace, self.format), self.scaling)
+                trace = window(read_trace(self.trace, self.format), self.first_request)
+                scaled = scale_trace(trace, self.scaling)
             except ValueError as exc:
                 raise WorkloadError(f"workload: {exc}") from exc
             path = Path(run_dir) / "trace.jsonl"

@@ -31,7 +31,7 @@ from aiohttp import ClientError, web
 
 from protocol import clock, headers
 from protocol.names import Pipeline, Role
-from protocol.records import JsonlWriter, RequestRecord
+from protocol.records import CUT_AT_SHUTDOWN, JsonlWriter, RequestRecord
 from protocol.rooms import new_room
 from protocol.stream import error_body
 from testbed.router import server_info
@@ -153,7 +153,8 @@ class Router:
 
     async def stats(self, request: web.Request) -> web.Response:
         """Live figures since the router started (Locust's PDD tab shows them): requests
-        per pipeline and per status, KV bytes over the WAN, handoff stream gaps."""
+        per pipeline and per status, KV bytes over the WAN, handoff stream gaps, and the
+        records not written yet (requests in flight, records waiting for P's answer)."""
         pending = self.active + len(self._late_writes)  # requests whose record is unwritten
         return web.json_response({**self.live.as_dict(), "records_pending": pending})
 
@@ -324,7 +325,7 @@ class Router:
                     after.exception()  # retrieved: a failed late answer changes nothing
             await self.transfers.join(route, record)
         except asyncio.CancelledError:  # the router stops: the record is not passed off whole
-            cut = "written at the router's shutdown, before its KV transfer was joined"
+            cut = CUT_AT_SHUTDOWN
             record.fallback = f"{record.fallback}; {cut}" if record.fallback else cut
             raise
         finally:

@@ -1,13 +1,19 @@
 """What the router believes main decode's prefix cache holds, to predict its hit.
 
 Main decode caches every exchange it finished (prompt + output). The router keeps
-the last exchange per session and a few recent ones overall, and predicts MD's hit
+the last exchange per session and the recent ones overall, and predicts MD's hit
 for a new prompt as the longest common prefix with any of them. An over-estimate
 is harmless: MD tells prefill its real prefix length and only missing pages move.
 
 Bounded like the cache it mirrors: at most ``capacity_tokens`` (MD's KV pool) over all
-sessions, least recently used sessions forgotten first, each exchange kept as 4-byte
-token ids, so a long soak does not grow the router's memory.
+sessions, least recently used sessions forgotten first, and as many tokens of recent
+exchanges (at most ``recent`` of them), each kept as 4-byte token ids, so a long soak
+does not grow the router's memory. Recent ones by count alone (32) missed the reuse of
+a low-hit trace, whose requests share prefixes across sessions far apart: the
+Mooncake window (run ``bench-mooncake_lowhit-20261207-113934``) had 18 of 120
+requests predicted to hit nothing where MD held all but a block of them (22% of its
+transfers' bytes mispredicted, WAN error P95 4982%); replayed by the trace's blocks
+with the bound of MD's pool, none.
 
 An exchange MD is still finishing after relay decode ended the client's stream (a
 drain, or a settle: :mod:`testbed.router.settle`) is *expected*: MD holds part of it
@@ -56,12 +62,13 @@ class Expected:
 
 
 class PrefixMirror:
-    def __init__(self, recent: int = 32, capacity_tokens: int = 65536) -> None:
+    def __init__(self, recent: int = 256, capacity_tokens: int = 65536) -> None:
         self.by_session: OrderedDict[str, np.ndarray] = OrderedDict()
         self.expected: OrderedDict[str, Expected] = OrderedDict()
         # room: its prompt, and the main decode it goes to
         self.on_its_way: OrderedDict[int, tuple[np.ndarray, str | None]] = OrderedDict()
-        self.recent: list[np.ndarray] = []
+        self.recent: list[np.ndarray] = []  # newest first
+        self._recent_tokens = 0
         self.capacity = recent
         self.capacity_tokens = capacity_tokens
         self._tokens = 0  # held in by_session
@@ -78,7 +85,7 @@ class PrefixMirror:
         merge, or parking, puts a transferred prompt there), unless it failed."""
         coming = self.on_its_way.pop(room, None)
         if coming is not None and ok:
-            self.recent = [coming[0], *self.recent[: self.capacity - 1]]
+            self._add_recent(coming[0])
 
     def held_for(
         self, prompt: list[int], hit: int, rooms, server: str | None = None
@@ -98,7 +105,7 @@ class PrefixMirror:
         self.by_session.clear()
         self.expected.clear()
         self.recent.clear()
-        self._tokens = 0
+        self._tokens = self._recent_tokens = 0
 
     def expect(self, tokens: list[int], session: str | None, held: int, ready_at: float) -> None:
         """MD is finishing ``session``'s exchange ``tokens``: it holds the first ``held``
@@ -131,7 +138,17 @@ class PrefixMirror:
                 _, dropped = self.by_session.popitem(last=False)
                 self._tokens -= len(dropped)
         if shared:
-            self.recent = [ids, *self.recent[: self.capacity - 1]]
+            self._add_recent(ids)
+
+    def _add_recent(self, ids: np.ndarray) -> None:
+        """``ids`` first among what any session's prompt may match; the oldest go once
+        the recent ones hold more tokens than MD's pool (or number over ``recent``)."""
+        self.recent.insert(0, ids)
+        self._recent_tokens += len(ids)
+        while len(self.recent) > 1 and (
+            len(self.recent) > self.capacity or self._recent_tokens > self.capacity_tokens
+        ):
+            self._recent_tokens -= len(self.recent.pop())
 
     def predicted_hit(self, prompt: list[int], session: str | None, at: float | None = None) -> int:
         """MD's predicted prefix hit for ``prompt`` when its request reaches MD (``at``;

@@ -141,3 +141,20 @@ def test_the_knee_is_the_highest_rate_still_served_within_the_sla():
     rows = knee(frame).set_index("system")
     assert rows.loc["pdd", "knee_rps"] == 4 and rows.loc["pdd", "max_goodput_rps"] == 4.1
     assert rows.loc["cross_site_pd", "knee_rps"] == 1
+
+
+def test_the_report_names_the_records_the_router_cut_short_at_its_shutdown(tmp_path):
+    """A record the router wrote at its shutdown before joining its KV transfer (it
+    waited for prefill's answer) lacks its TTFT parts: the report says which systems
+    have such records and how many, above everything else."""
+    from protocol.records import CUT_AT_SHUTDOWN
+    from reports.render import write_report
+
+    run = tmp_path / "run"
+    write_point(run, Scenario(name="s"), {"colocated": 0.2, "pdd": 0.35})
+    assert "Records cut short" not in write_report(run).read_text()
+    path = run / "pdd" / "records.jsonl"
+    first, *rest = path.read_text().splitlines()
+    cut = {**json.loads(first), "fallback": f"relay decode finished first; {CUT_AT_SHUTDOWN}"}
+    path.write_text("\n".join([json.dumps(cut), *rest]) + "\n")
+    assert "Records cut short: pdd 1.</b>" in write_report(run).read_text()

@@ -347,3 +347,20 @@ def test_a_settle_is_expected_in_mds_cache_only_once_md_holds_its_kv(monkeypatch
 
     monkeypatch.setattr(settle_module, "chunks", md_stream)
     asyncio.run(scenario())
+
+
+def test_the_md_mirror_keeps_as_many_recent_prompts_as_mds_pool_holds():
+    """A low-hit trace's requests share prefixes across sessions far apart (Mooncake's
+    window: 18 of 120 requests matched a prompt more than 32 requests back). The mirror
+    keeps every prompt MD's pool can hold for any session to match, and forgets the
+    oldest once they hold more tokens than the pool."""
+    mirror = PrefixMirror(capacity_tokens=10_000)
+    shared = list(range(100, 300))  # 200 tokens, the first session's
+    mirror.add(shared, "s0")
+    for i in range(1, 40):  # 39 sessions of 200 tokens each since: 8,000 tokens in all
+        mirror.add([5000 + i] * 200, f"s{i}")
+    assert mirror.predicted_hit(shared + [7], "new") == 200
+    for i in range(40, 51):  # 2,200 more: past the pool, the oldest goes
+        mirror.add([5000 + i] * 200, f"s{i}")
+    assert mirror.predicted_hit(shared + [7], "new") == 0
+    assert mirror._recent_tokens <= 10_000

@@ -54,3 +54,59 @@ def test_a_scale_that_splits_blocks_is_a_clear_error():
         scale_trace(trace, Scaling(length_scale=0.3))
     with pytest.raises(ValueError, match="positive"):
         Scaling(time_scale=float("nan"))
+
+
+def test_a_window_leaves_out_sessions_begun_before_it_and_shares_only_within_itself():
+    """Requests from the ``first``-th on, arrivals from the window's first: session a
+    began before the window, so its second turn is left out whole; c's block 1 came with
+    a's first turn, outside the window, so c hits nothing there."""
+    from workloads.scaling import window
+    from workloads.trace import Request, Trace
+
+    requests = [
+        Request("a0", "a", 0, (1,), 16, 1, arrival_s=5.0),
+        Request("b0", "b", 0, (2,), 16, 1, arrival_s=6.0),
+        Request("a1", "a", 1, (1, 3), 32, 1, arrival_s=7.0),
+        Request("c0", "c", 0, (1, 4), 32, 1, arrival_s=8.0),
+        Request("d0", "d", 0, (1, 4, 5), 48, 1, arrival_s=9.0),
+    ]
+    trace = Trace("t", 16, requests)
+    assert window(trace, 0) is trace
+    w = window(trace, 1)
+    assert [r.request_id for r in w.requests] == ["b0", "c0", "d0"]
+    assert [r.arrival_s for r in w.requests] == [0.0, 2.0, 3.0]
+    assert w.metadata["first_request"] == 1 and w.metadata["window_left_out"] == 1
+    assert list(hit_ratios(w, unit="blocks")) == pytest.approx([0, 0, 2 / 3])
+    with pytest.raises(ValueError, match="has 5 requests"):
+        window(trace, 5)
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason=f"shared traces not found at {TRACES}")
+def test_the_low_hit_scenario_replays_a_window_with_the_traces_own_hit_shape(tmp_path):
+    """The trace's mean hit (42% of blocks) is reuse across thousands of requests: its
+    first 120 share under a tenth. The scenario's window, materialized as the bench
+    does, holds the trace's shape: mean within 5 points, as many with no hit within 5."""
+    from testbed.scenario import Scenario
+    from workloads.trace import Trace
+
+    trace = read_trace(MOONCAKE)
+    whole = hit_ratios(trace, unit="blocks")
+    spec = Scenario.load("mooncake_lowhit").workload
+    n = spec.max_requests
+    opening = hit_ratios(Trace("t", trace.block_tokens, trace.requests[:n]), unit="blocks")
+    assert opening.mean() < 0.1 < whole.mean() - 0.3
+    replayed = Trace.from_jsonl(spec.materialize(tmp_path))
+    assert replayed.metadata["first_request"] == spec.first_request > 0
+    assert replayed.requests[0].arrival_s == 0 and replayed.block_tokens == 16
+    window = hit_ratios(Trace("w", 16, replayed.requests[:n]), unit="blocks")
+    assert abs(window.mean() - whole.mean()) < 0.05
+    assert abs((window == 0).mean() - (whole == 0).mean()) < 0.05
+
+
+def test_a_window_needs_a_trace_file():
+    from pydantic import ValidationError
+
+    from workloads.spec import WorkloadSpec
+
+    with pytest.raises(ValidationError, match="window of a trace file"):
+        WorkloadSpec(first_request=10)
