@@ -93,6 +93,7 @@ def build(run: RunData) -> str:
         target=run.target_scenario,
         unfaithful=[name for name, ok in faithful.items() if not ok],
         cut_short=cut_short(run),
+        left_out=run.left_out,
     )
 
 

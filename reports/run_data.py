@@ -41,6 +41,7 @@ class RunData:
     systems: dict[str, SystemRun]
     emulation: dict = field(default_factory=dict)  # emulation.json; empty: none
     target_scenario: dict = field(default_factory=dict)  # in target time (emulation)
+    left_out: dict[str, str] = field(default_factory=dict)  # scenario's systems not here: why
 
 
 RENAMED = {"wan_goodput_bps": "wan_goodput_bytes_s"}  # columns of older runs
@@ -74,11 +75,12 @@ def load_run(run_dir: Path) -> RunData:
     if not scenario_file.exists():
         raise FileNotFoundError(f"{run_dir} is not a bench run directory (no scenario.json)")
     scenario = json.loads(scenario_file.read_text())
-    systems = {}
+    systems, left_out = {}, {}
     for name in scenario.get("systems", []):
         d = run_dir / name
         if not (d / "COMPLETE").exists() or (d / "INCOMPLETE").exists():
-            continue  # a system that did not run, failed or was cut short (see INCOMPLETE)
+            left_out[name] = _why_left_out(d)
+            continue
         transfers, pacing = _server_logs(d, "transfers"), _server_logs(d, "pacing")
         systems[name] = SystemRun(
             name=name,
@@ -101,7 +103,19 @@ def load_run(run_dir: Path) -> RunData:
         systems,
         _json(run_dir / "emulation.json"),
         _json(run_dir / "scenario-target.json"),
+        left_out,
     )
+
+
+def _why_left_out(system_dir: Path) -> str:
+    """Why a system of the scenario has no results: its run failed or was cut short
+    (``INCOMPLETE`` says how), or it never finished (no ``COMPLETE``)."""
+    incomplete = system_dir / "INCOMPLETE"
+    if incomplete.exists():
+        return incomplete.read_text(errors="replace").strip()[:300] or "its run did not complete"
+    if not system_dir.is_dir():
+        return "it did not run"
+    return "its run did not finish (no COMPLETE marker)"
 
 
 def _json_rows(path: Path) -> list[dict]:

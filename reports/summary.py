@@ -87,6 +87,10 @@ class Summary(BaseModel):
     scenario: str | None
     git_commit: str | None
     systems: list[SummaryRow]
+    left_out: dict[str, str] = Field(
+        default_factory=dict,
+        description="Systems of the scenario without results (failed, cut short, not run): why.",
+    )
 
 
 def json_schema() -> dict:
@@ -161,6 +165,7 @@ def write(run: RunData) -> tuple[Path, Path]:
         "scenario": run.scenario.get("name"),
         "git_commit": first.manifest.get("git_commit") if first else None,
         "systems": data,
+        "left_out": run.left_out,
     }
     json_path, csv_path = Path(run.path) / "summary.json", Path(run.path) / "summary.csv"
     Summary.model_validate(doc)  # the schema is a promise: never write what breaks it

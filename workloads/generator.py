@@ -19,7 +19,11 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-from workloads.trace import Request, Trace
+from workloads.trace import MAX_PROMPT_TOKENS, Request, Trace
+
+MAX_SESSIONS = 100_000
+MAX_TURNS = 10_000
+MAX_SECONDS = 86_400.0  # a think time or a gap between sessions
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,24 @@ class AgenticConfig:
     fixed_hit_input: int = 4096
 
     def __post_init__(self) -> None:
+        """Every field within its range, named where it is not (a negative system prompt
+        was taken, reversed turns failed in ``randrange``, a billion sessions hung)."""
+        _within("sessions", self.sessions, 1, MAX_SESSIONS, whole=True)
+        tokens = (1, MAX_PROMPT_TOKENS)
+        _within("turns", self.turns, 1, MAX_TURNS, pair=True, whole=True)
+        _within("system_prompt_tokens", self.system_prompt_tokens, 0, tokens[1])
+        for name in ("first_turn_tokens", "output_tokens", "anomalous_input_tokens"):
+            _within(name, getattr(self, name), *tokens, pair=True)
+        _within("anomalous_output_tokens", self.anomalous_output_tokens, *tokens, pair=True)
+        _within("max_context_tokens", self.max_context_tokens, *tokens)
+        _within("fixed_hit_input", self.fixed_hit_input, *tokens)
+        _within("think_time_s", self.think_time_s, 0, MAX_SECONDS, pair=True)
+        _within("session_gap_s", self.session_gap_s, 0, MAX_SECONDS)
+        for name in ("hit_high", "hit_mid", "hit_low"):
+            share, *low_high = getattr(self, name)
+            _within(f"{name}'s share", share, 0, 1)
+            # a hit of 0 would append without end
+            _within(f"{name}'s hits", low_high, 1e-3, 1, pair=True)
         shares = self.hit_high[0] + self.hit_mid[0] + self.hit_low[0]
         if not math.isclose(shares, 1.0, abs_tol=1e-6):
             raise ValueError(f"hit mixture shares must sum to 1, got {shares}")
@@ -58,6 +80,21 @@ class AgenticConfig:
             raise ValueError("block_tokens, length_scale and time_scale must be positive")
         if self.fixed_hit is not None and not 0 <= self.fixed_hit < 1:
             raise ValueError(f"fixed_hit must be in [0, 1), got {self.fixed_hit}")
+
+
+def _within(name: str, value, low: float, high: float, pair=False, whole=False) -> None:
+    """``value`` is a number within low..high (a ``whole`` one: an integer); a ``pair``
+    (a range to draw from) is two such, the first no larger."""
+    try:
+        lo, hi = value if pair else (value, value)
+        ok = low <= lo <= hi <= high and not isinstance(value, str)
+        ok = ok and not (whole and not all(type(x) is int for x in (lo, hi)))
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        what = "two numbers, the first no larger," if pair else "a number"
+        what = what.replace("number", "whole number") if whole else what
+        raise ValueError(f"{name} must be {what} within {low:,}..{high:,}; got {value!r}")
 
 
 class _Blocks:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from workloads.trace import Request, Trace, TraceError, parse_lines
+from workloads.trace import MAX_PROMPT_TOKENS, Request, Trace, TraceError, parse_lines
 
 MOONCAKE_BLOCK = 512
 
@@ -45,15 +45,19 @@ def read_mooncake(path: Path) -> Trace:
 def _trace(path: Path, block: int, requests: list[Request], source: str) -> Trace:
     if not requests:
         raise TraceError(f"{path}: the trace holds no requests")
-    return Trace(Path(path).stem, block, requests, {"source": source, "path": str(path)})
+    try:
+        return Trace(Path(path).stem, block, requests, {"source": source, "path": str(path)})
+    except TraceError as exc:
+        raise TraceError(f"{path}: {exc}") from None
 
 
 def _count(value, name: str) -> int:
-    """A token count: a non-negative integer (a whole float such as 12.0 too)."""
+    """A token count: a non-negative integer (a whole float such as 12.0 too), at most
+    ``MAX_PROMPT_TOKENS``."""
     if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value):
         raise TraceError(f"{name} must be an integer, got {value!r}")
-    if value < 0:
-        raise TraceError(f"{name} must be >= 0, got {value!r}")
+    if not 0 <= value <= MAX_PROMPT_TOKENS:
+        raise TraceError(f"{name} must be within 0..{MAX_PROMPT_TOKENS:,}, got {value!r}")
     return int(value)
 
 

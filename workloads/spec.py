@@ -90,18 +90,20 @@ class WorkloadSpec(BaseModel):
         )
 
     def materialize(self, run_dir: Path) -> Path:
-        """The trace file to replay: the given one (scaled into ``run_dir`` when the
-        scenario scales it), or a generated one in ``run_dir``."""
+        """The trace file to replay, in the testbed's own format: the given one, or a
+        copy in ``run_dir`` where it is another format (Mooncake, Azure, TraceLab) or the
+        scenario scales it or takes a window; or a generated one in ``run_dir``."""
         if self.trace is not None:
             if not self.trace.exists():
                 raise WorkloadError(f"workload.trace {self.trace} does not exist")
-            if self.scaling.identity and not self.first_request:
-                return self.trace
-            from workloads.readers import read_trace
+            from workloads.readers import guess_format, read_trace
             from workloads.scaling import scale_trace, window
 
             try:
-                trace = window(read_trace(self.trace, self.format), self.first_request)
+                fmt = guess_format(self.trace) if self.format == "auto" else self.format
+                if fmt == "pdd" and self.scaling.identity and not self.first_request:
+                    return self.trace
+                trace = window(read_trace(self.trace, fmt), self.first_request)
                 scaled = scale_trace(trace, self.scaling)
             except ValueError as exc:
                 raise WorkloadError(f"workload: {exc}") from exc

@@ -24,6 +24,11 @@ from pathlib import Path
 SCHEMA_VERSION = 1
 
 
+# A prompt longer than any model's context (a hostile or corrupt trace line: 10^12
+# tokens made its block list exhaust memory), refused where it is read or generated.
+MAX_PROMPT_TOKENS = 10_000_000
+
+
 class TraceError(ValueError):
     """A trace that cannot be replayed as it is: says which file, line and field."""
 
@@ -41,7 +46,9 @@ def parse_lines(path: Path, parse) -> list:
                 if not isinstance(data, dict):
                     raise TraceError("expected a JSON object")
                 item = parse(data, number)
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            except json.JSONDecodeError as exc:
+                raise TraceError(f"{path}:{number}: not JSON ({exc})") from None
+            except (KeyError, TypeError, ValueError) as exc:
                 what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
                 raise TraceError(f"{path}:{number}: {what}") from None
             if item is not None:
@@ -93,6 +100,19 @@ class Trace:
     requests: list[Request]
     metadata: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        """A prompt longer than its blocks would be filled with tokens no block names
+        (and a hostile length, 10^8 tokens on two blocks, hung the planner)."""
+        block = self.block_tokens
+        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
+            raise TraceError(f"block_tokens must be a positive integer, got {block!r}")
+        for r in self.requests:
+            if r.input_length > len(r.hash_ids) * block:
+                raise TraceError(
+                    f"request {r.request_id!r}: input_length {r.input_length} is more than "
+                    f"its {len(r.hash_ids)} blocks of {block} tokens hold"
+                )
+
     def sessions(self) -> dict[str, list[Request]]:
         out: dict[str, list[Request]] = defaultdict(list)
         for r in self.requests:
@@ -140,13 +160,13 @@ class Trace:
 
     @classmethod
     def _checked(cls, path: Path, head: dict, requests: list[Request]) -> Trace:
-        block = head.get("block_tokens")
-        if not isinstance(block, int) or block < 1:
-            raise TraceError(f"{path}: block_tokens must be a positive integer, got {block!r}")
         if not requests:
             raise TraceError(f"{path}: the trace holds no requests")
         name = str(head.get("name", Path(path).stem))
-        return cls(name, block, requests, head.get("metadata", {}))
+        try:
+            return cls(name, head.get("block_tokens"), requests, head.get("metadata", {}))
+        except TraceError as exc:
+            raise TraceError(f"{path}: {exc}") from None
 
     # -- parquet --------------------------------------------------------------------
     def to_parquet(self, path: Path) -> None:

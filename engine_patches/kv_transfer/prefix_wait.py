@@ -77,8 +77,7 @@ class PrefixWait:
 
     def __init__(self, max_wait_s: float) -> None:
         self.max_wait_s = max_wait_s
-        self.since: dict[str, float] = {}
-        self.why: dict[str, str] = {}
+        self.since: dict[str, tuple[float, str]] = {}  # rid: held since, reason logged last
         self.expired: set[str] = set()
         self.seen: OrderedDict[int, None] = OrderedDict()
 
@@ -102,11 +101,14 @@ class PrefixWait:
         queued = [(r.req.bootstrap_room, r.req.origin_input_ids) for r in queue.queue]
         here = [r.origin_input_ids for r in scheduler.waiting_queue]
         self._see(room for room, _ in coming + queued)
-        self.expired &= {r.req.rid for r in queue.queue}  # those SGLang took are gone
+        queued_rids = {r.req.rid for r in queue.queue}
+        self.expired &= queued_rids  # those SGLang took, or that were aborted, are gone
+        for gone in self.since.keys() - queued_rids:
+            del self.since[gone]
         held, rest, now = [], [], time.monotonic()
         for i, decode_req in enumerate(queue.queue):
             req = decode_req.req
-            waited = now - self.since.get(req.rid, now)
+            waited = now - self.since.get(req.rid, (now, ""))[0]
             most = min(self.max_wait_s, _or_inf(hold_bound(req)))
             if waited >= most and req.rid not in self.expired:
                 self.expired.add(req.rid)
@@ -130,14 +132,13 @@ class PrefixWait:
                 extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page, here)
                 why = ("room %s waits for %d tokens on their way", extra) if extra else None
             if why:
-                if self.why.get(req.rid) != why[0]:
+                since, said = self.since.get(req.rid, (now, None))
+                if said != why[0]:
                     logger.info(why[0], room, why[1])
-                    self.why[req.rid] = why[0]
-                self.since.setdefault(req.rid, now)
+                self.since[req.rid] = (since, why[0])
                 held.append(decode_req)
             else:
                 self.since.pop(req.rid, None)
-                self.why.pop(req.rid, None)
                 rest.append(decode_req)
         return held, rest
 

@@ -126,7 +126,7 @@ def _run_system(
             )
         load.finish()  # the workers' records, merged
         if pending := wait_for_records(deployment.router_url):
-            console.print(f"[yellow]{system}: {pending} record(s) cut short at the end[/yellow]")
+            console.print(f"[yellow]{system}: {pending} record(s) still wait for P[/yellow]")
         if problems := deployment.problems():
             raise DeploymentDied(f"{system}: " + "; ".join(problems))
     finally:

@@ -295,13 +295,18 @@ class Router:
 
     async def _failed(self, request: web.Request, record: RequestRecord, exc: Exception):
         """A request that failed after it was routed. The client left: its upstream
-        work is already closed with its connection. A server failed (down, died, an
-        error in its stream): 502 naming it. Anything else: 500. After the stream
-        started, the error goes into the stream as an SSE event and the stream ends."""
+        work is already closed with its connection. A server refused the request (a 4xx:
+        an option SGLang does not take): its status and answer, the client's error. A
+        server failed (down, died, an error in its stream): 502 naming it. Anything
+        else: 500. After the stream started, the error goes into the stream as an SSE
+        event and the stream ends."""
         if client_gone(request):
             record.status, record.error = "client_cancelled", "client disconnected"
             return request.get(STREAM) or web.Response(status=499)
-        if isinstance(exc, TimeoutError | ClientError | UpstreamError | OSError):
+        if isinstance(exc, UpstreamError) and exc.refused:  # the client's error, not a server's
+            message = str(exc)
+            record.status, status, kind = exc.answer()
+        elif isinstance(exc, TimeoutError | ClientError | UpstreamError | OSError):
             message = f"upstream failure on {record.decode_server}: {exc!r}"
             record.status, status, kind = "upstream_error", 502, "upstream_error"
         else:
@@ -325,8 +330,8 @@ class Router:
                     after.exception()  # retrieved: a failed late answer changes nothing
             await self.transfers.join(route, record)
         except asyncio.CancelledError:  # the router stops: the record is not passed off whole
-            cut = CUT_AT_SHUTDOWN
-            record.fallback = f"{record.fallback}; {cut}" if record.fallback else cut
+            said = record.fallback
+            record.fallback = f"{said}; {CUT_AT_SHUTDOWN}" if said else CUT_AT_SHUTDOWN
             raise
         finally:
             self._abandon(record)

@@ -11,6 +11,7 @@ from aiohttp import web
 from protocol import clock
 from protocol.records import RequestRecord
 from protocol.stream import DONE_LINE, Chunk, error_body, error_event
+from testbed.router.upstream import UpstreamError
 
 STREAM = "pdd.client_stream"  # request[STREAM]: the client's response, once prepared
 FRONT = "pdd.openai_front"  # request[FRONT]: an OpenAI request served natively
@@ -68,9 +69,11 @@ class ClientStream:
             data = self.last or {}
             self.response = web.json_response(data if front is None else front.final(data))
 
-    async def fail(self, message: str) -> web.StreamResponse:
-        self.record.status, self.record.error = "upstream_error", message[:500]
-        return await answer_error(self.request, message, 502, "upstream_error")
+    async def fail(self, exc: UpstreamError) -> web.StreamResponse:
+        """A server failed (502), or refused the request (its 4xx: the client's error)."""
+        self.record.status, status, kind = exc.answer()
+        self.record.error = str(exc)[:500]
+        return await answer_error(self.request, str(exc), status, kind)
 
 
 async def answer_error(request: web.Request, message: str, status: int, kind: str):

@@ -136,8 +136,9 @@ class DirectPipeline:
             record.finish = clock.now()
             return response
         except UpstreamError as exc:
-            record.status, record.error = "upstream_error", str(exc)[:500]
-            return await answer_error(request, str(exc), 502, "upstream_error")
+            record.status, status, kind = exc.answer()
+            record.error = str(exc)[:500]
+            return await answer_error(request, str(exc), status, kind)
         finally:
             upstream.release()  # not read to its end (client gone): the connection closes
             if left is not None:

@@ -132,7 +132,7 @@ class RelayedRequest:
             rld = await read_or_abort(posted, self.prefill)
             if rld.status != 200:
                 text = (await rld.text())[:300]
-                raise UpstreamError(f"relay decode answered {rld.status}: {text}")
+                raise UpstreamError(f"relay decode answered {rld.status}: {text}", rld.status)
             mode = await self._relay_eager(rld)
             if mode is None:
                 owns_md_side = not await self._ended_on_relay()
@@ -141,7 +141,7 @@ class RelayedRequest:
             md = await self.md
             if md.status != 200:
                 text = (await md.text())[:300]
-                raise UpstreamError(f"main decode answered {md.status}: {text}")
+                raise UpstreamError(f"main decode answered {md.status}: {text}", md.status)
             md_stream = chunks(md)
             # Greedy: both streams are the same tokens, so relay decode streams on until
             # main decode has caught up with the client.
@@ -160,7 +160,7 @@ class RelayedRequest:
             await self.out.finish()
             return self.out.response
         except UpstreamError as exc:
-            return await self.out.fail(str(exc))
+            return await self.out.fail(exc)
         finally:
             self.record.output_ids = self.tokens
             if rld is not None:

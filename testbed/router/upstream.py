@@ -19,7 +19,26 @@ from testbed.router.config import ServerEntry, upstream_keep_alive_s
 
 
 class UpstreamError(RuntimeError):
-    """A server answered with an error, or its stream carried one."""
+    """A server answered with an error, or its stream carried one; ``status``: the HTTP
+    status it answered with, where it answered one."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def refused(self) -> bool:
+        """The server refused the request itself (a 4xx other than a timeout or a rate
+        limit: an unknown sampling option, say, which the router passes through): the
+        client's error, answered as such, not a server's failure."""
+        status = self.status or 0
+        return 400 <= status < 500 and status not in (408, 429)
+
+    def answer(self) -> tuple[str, int, str]:
+        """(the record's status, the HTTP status, the error type) to answer it with."""
+        if self.refused:
+            return "rejected", self.status, "invalid_request_error"
+        return "upstream_error", 502, "upstream_error"
 
 
 class Upstream:
@@ -60,7 +79,9 @@ class Upstream:
         async with self.post(server, path, {**body, "stream": False}) as resp:
             text = await resp.text()
             if resp.status != 200:
-                raise UpstreamError(f"prefill {server.name} answered {resp.status}: {text[:500]}")
+                raise UpstreamError(
+                    f"prefill {server.name} answered {resp.status}: {text[:500]}", resp.status
+                )
         chunk = Chunk.parse(b"data: " + text.encode())
         record.cached_tokens_prefill = cached_tokens(chunk.data or {})
         return chunk.data
@@ -99,7 +120,7 @@ def _raise_if_failed(task: asyncio.Task) -> None:
         return
     exc = task.exception()
     if exc is not None:
-        raise UpstreamError(str(exc)) from exc
+        raise UpstreamError(str(exc), getattr(exc, "status", None)) from exc
 
 
 async def lines(upstream, abort_if: asyncio.Task | None = None):
@@ -129,7 +150,8 @@ async def chunks(upstream, abort_if: asyncio.Task | None = None):
 def record_answer(record: RequestRecord, text: str, status: int) -> None:
     """A non-streamed response (or an error) into the record."""
     if status != 200:
-        record.status, record.error = "upstream_error", f"HTTP {status}: {text[:500]}"
+        record.status = UpstreamError(text, status).answer()[0]  # refused: "rejected"
+        record.error = f"HTTP {status}: {text[:500]}"
         return
     try:
         data = json.loads(text)

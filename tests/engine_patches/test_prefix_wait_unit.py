@@ -154,6 +154,16 @@ def test_a_request_that_waited_its_most_is_not_held_again_while_it_stays_queued(
     assert not wait.expired
 
 
+def test_a_request_aborted_while_held_is_forgotten(empty_tree):
+    """A held request that leaves the queue without being let go (aborted: SGLang drops
+    it from the prealloc queue) leaves no entry behind."""
+    wait, q = PrefixWait(60), _queue([SHARED + [1], SHARED + [3]], in_transfer=[SHARED + [2]])
+    assert len(wait.split(q)[0]) == 2 and set(wait.since) == {"w0", "w1"}
+    q.queue = q.queue[1:]  # w0 aborted
+    wait.split(q)
+    assert set(wait.since) == {"w1"}
+
+
 def test_the_prefix_cache_is_matched_only_for_a_prompt_that_could_wait(monkeypatch):
     matched = []
     monkeypatch.setattr(

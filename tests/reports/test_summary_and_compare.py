@@ -158,3 +158,30 @@ def test_the_report_names_the_records_the_router_cut_short_at_its_shutdown(tmp_p
     cut = {**json.loads(first), "fallback": f"relay decode finished first; {CUT_AT_SHUTDOWN}"}
     path.write_text("\n".join([json.dumps(cut), *rest]) + "\n")
     assert "Records cut short: pdd 1.</b>" in write_report(run).read_text()
+
+
+def test_the_report_names_the_scenarios_systems_it_has_no_results_for(tmp_path):
+    """A system that failed (its INCOMPLETE says why), was cut before its COMPLETE, or
+    never ran is named with the reason above everything else and in summary.json: it
+    was left out silently, and every comparison with it just went missing."""
+    from reports.render import write_report
+
+    run = tmp_path / "run"
+    systems = {"colocated": 0.2, "same_site_pd": 0.3, "cross_site_pd": 0.5, "pdd": 0.35}
+    write_point(run, Scenario(name="s"), systems)
+    assert "Left out" not in write_report(run).read_text()
+    (run / "cross_site_pd" / "INCOMPLETE").write_text("DeploymentDied: decode-md1 exited 1\n")
+    (run / "pdd" / "COMPLETE").unlink()
+    scenario = json.loads((run / "scenario.json").read_text())
+    scenario["systems"].append("pdd_threshold")  # its turn never came
+    (run / "scenario.json").write_text(json.dumps(scenario))
+    page = write_report(run).read_text()
+    assert "Left out of this report: cross_site_pd, pdd, pdd_threshold</b>" in page
+    assert "decode-md1 exited 1" in page and "no COMPLETE marker" in page
+    assert "did not run" in page
+    left = json.loads((run / "summary.json").read_text())["left_out"]
+    assert set(left) == {"cross_site_pd", "pdd", "pdd_threshold"}
+    assert [row["system"] for row in json.loads((run / "summary.json").read_text())["systems"]] == [
+        "colocated",
+        "same_site_pd",
+    ]

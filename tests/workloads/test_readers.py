@@ -85,9 +85,11 @@ PDD_OK = (
         (
             "neg-out.jsonl",
             MOONCAKE_OK.replace('"output_length": 10', '"output_length": -4'),
-            ">= 0",
+            "within 0..",
         ),
         ("frac-in.jsonl", MOONCAKE_OK.replace("600", "60.5"), "integer"),
+        ("beyond-blocks.jsonl", MOONCAKE_OK.replace("600", "1025"), "2 blocks of 512"),
+        ("pdd-beyond.jsonl", PDD_HEAD + "\n" + PDD_OK.replace("100", "513"), "1 blocks of 512"),
         ("missing.jsonl", '{"timestamp": 0, "hash_ids": [1]}\n', "missing field"),
         ("bad-line3.jsonl", MOONCAKE_OK + "\n" + MOONCAKE_OK + "\n{oops\n", ":3:"),
         ("pdd-neg-turn.jsonl", PDD_HEAD + "\n" + PDD_OK.replace('"turn": 0', '"turn": -1'), ":2:"),
@@ -109,12 +111,23 @@ PDD_OK = (
             ":2:",
         ),
         ("azure-cols.csv", "TIME,Tokens\n1,2\n", "missing column"),
+        (
+            "azure-huge.csv",  # its block list exhausted memory
+            "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,100000000000,3\n",
+            ":2: ContextTokens must be within",
+        ),
         ("azure-empty.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n", "no requests"),
         (
             "tracelab.jsonl",
             '{"input_tokens_total": "many", "session_id": "s", "round_index": 0, '
             '"prefix_tokens": 0, "output_tokens": 3}\n',
             ":1:",
+        ),
+        (
+            "tracelab-huge.jsonl",
+            '{"input_tokens_total": 1e12, "session_id": "s", "round_index": 0, '
+            '"prefix_tokens": 0, "output_tokens": 3}\n',
+            ":1: input_tokens_total must be within",
         ),
     ],
 )

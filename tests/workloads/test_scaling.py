@@ -3,6 +3,7 @@ after agree (the context cap aside), and a scale that would split blocks is refu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -110,3 +111,23 @@ def test_a_window_needs_a_trace_file():
 
     with pytest.raises(ValidationError, match="window of a trace file"):
         WorkloadSpec(first_request=10)
+
+
+def test_a_trace_of_another_format_replayed_as_it_is_becomes_the_testbeds_own(tmp_path):
+    """Unscaled and whole, a Mooncake file reaches the bench and the planner (which read
+    only the testbed's format) converted, its requests unchanged; before, they were
+    handed the Mooncake file itself and refused it."""
+    from workloads.spec import WorkloadSpec
+    from workloads.trace import Trace
+
+    lines = [
+        {"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [1, 2]},
+        {"timestamp": 250, "input_length": 1000, "output_length": 4, "hash_ids": [1, 3]},
+    ]
+    src = tmp_path / "mooncake.jsonl"
+    src.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    path = WorkloadSpec(trace=src, mode="open").materialize(tmp_path / "run")
+    assert path != src
+    replayed, read = Trace.load(path), read_trace(src)
+    assert replayed.block_tokens == read.block_tokens == 512
+    assert replayed.requests == read.requests

@@ -90,9 +90,26 @@ def test_same_seed_same_trace_other_seed_other_trace(tmp_path):
     assert (tmp_path / "a.jsonl").read_bytes() != (tmp_path / "c.jsonl").read_bytes()
 
 
-def test_invalid_generator_config_is_refused():
-    with pytest.raises(ValueError, match="shares must sum to 1"):
-        AgenticConfig(hit_high=(0.5, 0.95, 0.99))
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"hit_high": (0.5, 0.95, 0.99)}, "shares must sum to 1"),
+        ({"sessions": 10**9}, "sessions must be a whole number within 1..100,000"),  # hung
+        ({"sessions": 2.5}, "sessions must be a whole number"),
+        ({"turns": (5, 2)}, "turns must be two whole numbers, the first no larger"),  # randrange
+        ({"turns": 3}, "turns must be two"),
+        ({"output_tokens": (0, 0)}, "output_tokens must be two numbers"),  # math domain error
+        ({"first_turn_tokens": (10**12, 10**12)}, "within 1..10,000,000"),  # MemoryError
+        ({"system_prompt_tokens": -1}, "system_prompt_tokens must be a number"),  # was taken
+        ({"think_time_s": (1.0, float("nan"))}, "think_time_s"),
+        ({"session_gap_s": float("inf")}, "session_gap_s"),
+        ({"hit_low": (0.05, 0.0, 0.5)}, "hit_low's hits"),  # a hit of 0 appends forever
+    ],
+)
+def test_invalid_generator_config_is_refused_naming_the_field(fields, words):
+    with pytest.raises(ValueError) as err:
+        AgenticConfig(**fields)
+    assert words in str(err.value)
 
 
 def test_fixed_hit_requests_share_exactly_that_prefix():
