@@ -91,6 +91,30 @@ def test_a_request_opening_with_a_prompt_on_its_way_is_routed_on_the_rest():
     assert route.pipeline == Pipeline.P_RLD_MD and "held" in route.reason
 
 
+def test_a_request_all_of_whose_lack_is_on_its_way_waits_for_that_transfer():
+    """A prompt sent again while its first KV still crosses (bench_serving draws prompts
+    with replacement) lacks nothing of its own, and MD holds it until that transfer ends.
+    The model said 0 s: the router sent it P->MD, MD's hold ran out before the first
+    transfer ended and it sent all 1152 tokens again (TTFT 5.7 s; bench-peers run
+    20261207-145454)."""
+    clock = Clock()
+    line = WanLine(rate_bytes_s=10 * MB, clock=clock)  # no delay, no loss: bytes alone
+    line.start(1, 10 * MB)  # 1 s on the line
+    nothing = line.predict(0, after=1)
+    assert nothing.held_s == pytest.approx(1.0) and nothing.after == 1
+    assert nothing.seconds == 0 and line.predict(0).held_s == 0
+    p = policy(direct_wan_bound_s=0.3)
+    first = body(0)
+    first["input_ids"] = SHARED + [1] * 200
+    p.wan.start(101, 1224 * 8192)
+    p.mirror.coming(101, first["input_ids"], "md")
+    again = p.choose(first, Loads(), "b")
+    assert again.wan.own_bytes == 0 and again.wan.after == 101 and again.md_after == 101
+    assert again.wan.held_s > 0.5  # 10 MB at 12.5 MB/s first
+    assert again.pipeline == Pipeline.P_RLD_MD and "held" in again.reason
+    assert replace(again, pipeline=Pipeline.P_MD).md_hold_s >= again.wan.held_s
+
+
 def test_a_held_transfer_checks_out_the_connection_the_one_it_waited_for_frees():
     """Decode asks for a held request's KV once the hold ends: by then the transfer it
     was held for has returned its (grown) connection to the pool; a request routed
