@@ -79,6 +79,8 @@ class Request:
                 raise bad(f"{name} must be an integer, got {value!r}")
         if self.input_length < 1 or self.output_length < 1:
             raise bad("input and output lengths must be >= 1")
+        if max(self.input_length, self.output_length) > MAX_PROMPT_TOKENS:
+            raise bad(f"input and output lengths must be at most {MAX_PROMPT_TOKENS:,}")
         if self.turn < 0:
             raise bad(f"turn must be >= 0, got {self.turn}")
         for name in ("hash_ids", "output_hash_ids"):
@@ -104,8 +106,8 @@ class Trace:
         """A prompt longer than its blocks would be filled with tokens no block names
         (and a hostile length, 10^8 tokens on two blocks, hung the planner)."""
         block = self.block_tokens
-        if not isinstance(block, int) or isinstance(block, bool) or block < 1:
-            raise TraceError(f"block_tokens must be a positive integer, got {block!r}")
+        if not isinstance(block, int) or isinstance(block, bool) or not 0 < block <= 2**20:
+            raise TraceError(f"block_tokens must be an integer within 1..2**20, got {block!r}")
         for r in self.requests:
             if r.input_length > len(r.hash_ids) * block:
                 raise TraceError(

@@ -100,6 +100,16 @@ PDD_OK = (
             "finite",
         ),
         ("pdd-block0.jsonl", PDD_HEAD.replace("512", "0") + "\n" + PDD_OK, "block_tokens"),
+        (  # hung the planner
+            "pdd-block-huge.jsonl",
+            PDD_HEAD.replace("512", "1000000000000") + "\n" + PDD_OK,
+            "block_tokens must be an integer within",
+        ),
+        (
+            "pdd-input-huge.jsonl",
+            PDD_HEAD + "\n" + PDD_OK.replace('"input_length": 100', '"input_length": 100000000000'),
+            "at most 10,000,000",
+        ),
         (
             "pdd-schema.jsonl",
             PDD_HEAD.replace('"schema_version": 1', '"schema_version": 9'),
