@@ -56,14 +56,13 @@ class AgenticConfig:
         """Every field within its range, named where it is not (a negative system prompt
         was taken, reversed turns failed in ``randrange``, a billion sessions hung)."""
         _within("sessions", self.sessions, 1, MAX_SESSIONS, whole=True)
-        tokens = (1, MAX_PROMPT_TOKENS)
         _within("turns", self.turns, 1, MAX_TURNS, pair=True, whole=True)
-        _within("system_prompt_tokens", self.system_prompt_tokens, 0, tokens[1])
-        for name in ("first_turn_tokens", "output_tokens", "anomalous_input_tokens"):
-            _within(name, getattr(self, name), *tokens, pair=True)
-        _within("anomalous_output_tokens", self.anomalous_output_tokens, *tokens, pair=True)
-        _within("max_context_tokens", self.max_context_tokens, *tokens)
-        _within("fixed_hit_input", self.fixed_hit_input, *tokens)
+        _within("system_prompt_tokens", self.system_prompt_tokens, 0, MAX_PROMPT_TOKENS)
+        for name in ("first_turn_tokens", "output_tokens", "anomalous_input_tokens",
+                     "anomalous_output_tokens"):  # fmt: skip
+            _within(name, getattr(self, name), 1, MAX_PROMPT_TOKENS, pair=True)
+        for name in ("max_context_tokens", "fixed_hit_input"):
+            _within(name, getattr(self, name), 1, MAX_PROMPT_TOKENS)
         _within("think_time_s", self.think_time_s, 0, MAX_SECONDS, pair=True)
         _within("session_gap_s", self.session_gap_s, 0, MAX_SECONDS)
         for name in ("hit_high", "hit_mid", "hit_low"):

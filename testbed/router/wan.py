@@ -243,9 +243,9 @@ class WanLine(PoolModel):
         queued, due = round(self.backlog(now)), self.due(now, after)
         window, _, _ = self._window(now, started=due - self.lag_s)
         held = due - (now + self.lag_s)
+        after, cwnd = after if held > 0 else None, round(window.cwnd)
         if not own_bytes:  # all it lacks is on its way in ``after``: it waits for that
-            after = after if held > 0 else None  # (was 0 s: peers run 145454, TTFT 5.7 s)
-            return WanPrediction(queued, 0, self.goodput, 0.0, round(window.cwnd), 0.0, held, after)
+            return WanPrediction(queued, 0, self.goodput, 0.0, cwnd, 0.0, held, after)
         nbytes = own_bytes * self.framing.value
         # those still on the line when this transfer's first byte comes share it
         shared = sum(min(o.left, nbytes) for o in self._at(due))
@@ -255,7 +255,6 @@ class WanLine(PoolModel):
         share = self.rate * nbytes / (nbytes + shared)
         spread = jitter_spread_s(nbytes, share, self.jitter)
         seconds = self._flow(nbytes, share, window).extra_s + line_s + spread
-        cwnd, after = round(window.cwnd), after if held > 0 else None
         return WanPrediction(queued, own_bytes, self.goodput, seconds, cwnd, way, held, after)
 
     def start(self, room: int, nbytes: int, after: int | None = None) -> None:
