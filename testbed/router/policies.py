@@ -37,12 +37,16 @@ class Route:
     @property
     def md_hold_s(self) -> float | None:
         """The longest main decode may hold back a P->MD request (whose client waits on
-        it) for KV on its way: what the router predicted for its KV, held or its own
-        (past that, sending its own would have been as quick;
-        ``protocol.rooms.hold_bound``). None: MD's own bound (relay decode streams)."""
+        it) for KV on its way: from when MD has the request, until the router predicted
+        its KV in, held or its own (past that, sending its own would have been as quick;
+        ``protocol.rooms.hold_bound``). None: MD's own bound (relay decode streams).
+        MD holds it from its arrival, before prefill has computed it: a bound of the
+        crossing alone ran out while the prefix it waited for was still arriving (its
+        prefill took 0.95 s of the 1.8 s), and prefill sent the prefix again."""
         if self.pipeline != Pipeline.P_MD or self.wan is None:
             return None
-        return max(self.wan.unheld_s, self.wan.held_s + self.wan.span_s)
+        wan = self.wan
+        return wan.due_s + max(wan.unheld_s, wan.held_s + wan.seconds)
 
     @property
     def kv_server(self) -> ServerEntry:
@@ -159,7 +163,7 @@ class PddPolicy(Policy):
             uncached -= extra
         wan = self.wan.predict(uncached * per_token, after)
         alone = wan if unheld == uncached else self.wan.predict(unheld * per_token)
-        return uncached, replace(wan, unheld_s=alone.span_s)
+        return uncached, replace(wan, unheld_s=alone.seconds)
 
     def choose(self, body, loads, session: str | None = None, pinned: str | None = None):
         route = self._choose(body, loads, session)

@@ -244,8 +244,9 @@ class WanLine(PoolModel):
         window, _, _ = self._window(now, started=due - self.lag_s)
         held = due - (now + self.lag_s)
         after, cwnd = after if held > 0 else None, round(window.cwnd)
+        due_s = max(0.0, self.lag_s - self.lead_s)
         if not own_bytes:  # all it lacks is on its way in ``after``: it waits for that
-            return WanPrediction(queued, 0, self.goodput, 0.0, cwnd, 0.0, held, after)
+            return WanPrediction(queued, 0, self.goodput, 0.0, cwnd, 0.0, held, after, 0.0, due_s)
         nbytes = own_bytes * self.framing.value
         # those still on the line when this transfer's first byte comes share it
         shared = sum(min(o.left, nbytes) for o in self._at(due))
@@ -255,7 +256,9 @@ class WanLine(PoolModel):
         share = self.rate * nbytes / (nbytes + shared)
         spread = jitter_spread_s(nbytes, share, self.jitter)
         seconds = self._flow(nbytes, share, window).extra_s + line_s + spread
-        return WanPrediction(queued, own_bytes, self.goodput, seconds, cwnd, way, held, after)
+        return WanPrediction(
+            queued, own_bytes, self.goodput, seconds, cwnd, way, held, after, 0.0, due_s
+        )
 
     def start(self, room: int, nbytes: int, after: int | None = None) -> None:
         self._drain(self.clock())

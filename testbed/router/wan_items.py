@@ -18,7 +18,10 @@ class WanPrediction:
     way_s: float = 0.0  # predicted: its first byte's way across (queueing included)
     held_s: float = 0.0  # decode holds it back this long for a prefix on its way
     after: int | None = None  # the transfer it is held back for (its room)
-    unheld_s: float = 0.0  # predicted span of all it lacks, had decode not held it back
+    unheld_s: float = 0.0  # predicted ``seconds`` of all it lacks, had decode not held it back
+    # from decode having the request to its first KV byte in, unheld (prefill's compute,
+    # the way across): the model's lag less its lead
+    due_s: float = 0.0
 
     @property
     def span_s(self) -> float:  # the KV's time on the line: its first byte out to last in

@@ -68,8 +68,8 @@ def test_two_requests_opening_with_one_prefix_send_it_over_the_wan_once(pdd, col
     decode holds it until that KV is in its prefix cache: the second transfer carries
     its own 100 tokens, not the prefix again, and both streams stay token-exact."""
     first, second = prompts("opening", 1500, 100, 2)
-    # a first prefill on fresh servers is slow: A's KV could then still be at prefill
-    # when B's hold (bounded by the router's WAN prediction) runs out: B sent it all
+    # B's hold is bounded by the router's prediction of its KV, from MD's arrival: the
+    # router learns from a first transfer how long prefill takes to the first KV byte
     (warm,) = prompts("opening-warm-up", 1500, 100, 1)
     stream(pdd, warm, 2, "open-warm", pins=P_MD)
     out = {}

@@ -197,10 +197,32 @@ def test_md_may_hold_a_p_md_request_only_as_long_as_the_router_planned_its_kv():
     p.mirror.coming(101, first["input_ids"], "md")
     held = p.choose({**first, "input_ids": SHARED + [2] * 200}, Loads(), "b")
     assert held.pipeline == Pipeline.P_MD and held.wan.after == 101
-    alone = p.wan.predict(1224 * 8192).span_s  # all it lacks, had MD not held it
+    alone = p.wan.predict(1224 * 8192).seconds  # all it lacks, had MD not held it
     assert held.wan.unheld_s == pytest.approx(alone, rel=1e-3)  # the clock moved on
-    planned = held.wan.held_s + held.wan.span_s
+    planned = held.wan.held_s + held.wan.seconds
     assert held.md_hold_s == pytest.approx(max(alone, planned), rel=1e-3)
     assert replace(held, pipeline=Pipeline.P_RLD_MD).md_hold_s is None
     lone = p.choose({**first, "input_ids": [9] * 300}, Loads(), "c")  # nothing on its way
-    assert lone.wan.held_s == 0 and lone.md_hold_s == pytest.approx(lone.wan.span_s)
+    assert lone.wan.held_s == 0 and lone.md_hold_s == pytest.approx(lone.wan.seconds)
+
+
+def test_md_holds_from_its_arrival_so_the_bound_counts_prefills_compute():
+    """MD holds a request from when it has it, before prefill has computed anything: the
+    bound is the crossing predicted from then (test_prefix_wait's B had its hold run
+    out after 1.8 s as the prefix it waited for arrived, its prefill having taken
+    0.95 s, and prefill sent the prefix again)."""
+    p = policy(direct_wan_bound_s=100.0)
+    first = body(0)
+    first["input_ids"] = SHARED + [1] * 200
+    p.wan.start(101, 1224 * 8192)
+    p.mirror.coming(101, first["input_ids"], "md")
+    before = p.choose({**first, "input_ids": SHARED + [2] * 200}, Loads(), "b")
+    p.wan.lags.extend([1.0, 1.2, 1.1])  # routed to first KV byte in: prefill computed
+    p.wan.leads.extend([0.1, 0.1, 0.1])  # routed to decode's checkout
+    held = p.choose({**first, "input_ids": SHARED + [3] * 200}, Loads(), "c")
+    assert held.wan.after == 101 and held.wan.due_s == pytest.approx(1.0)
+    assert held.md_hold_s == pytest.approx(
+        1.0 + max(held.wan.unheld_s, held.wan.held_s + held.wan.seconds)
+    )
+    # from MD's arrival, not the wire's first byte (the clock runs on: a little drained)
+    assert held.md_hold_s == pytest.approx(before.md_hold_s + 1.0, abs=0.05)
