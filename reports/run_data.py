@@ -47,12 +47,27 @@ class RunData:
 RENAMED = {"wan_goodput_bps": "wan_goodput_bytes_s"}  # columns of older runs
 
 
+class RunDataError(ValueError):
+    """A stored run's file that cannot be read as what the run wrote (cut short,
+    overwritten, edited by hand): named, with what is wrong with it."""
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunDataError(f"{path}: not the JSON a run writes ({exc})") from None
+
+
 def records_frame(system_dir: Path) -> pd.DataFrame:
     """The records of a system, with this version's columns (a stored run's renamed
     columns under their new names, columns no longer recorded dropped)."""
     parquet = system_dir / "records.parquet"
     if parquet.exists():
-        frame = pd.read_parquet(parquet).rename(columns=RENAMED)
+        try:
+            frame = pd.read_parquet(parquet).rename(columns=RENAMED)
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            raise RunDataError(f"{parquet}: not a readable Parquet file ({exc})") from None
         return frame[[c for c in frame.columns if c in COLUMNS]]
     jsonl = system_dir / "records.jsonl"
     rows = [r.__dict__ for r in read_records(jsonl)] if jsonl.exists() else []
@@ -74,7 +89,9 @@ def load_run(run_dir: Path) -> RunData:
     scenario_file = run_dir / "scenario.json"
     if not scenario_file.exists():
         raise FileNotFoundError(f"{run_dir} is not a bench run directory (no scenario.json)")
-    scenario = json.loads(scenario_file.read_text())
+    scenario = _read_json(scenario_file)
+    if not isinstance(scenario, dict):
+        raise RunDataError(f"{scenario_file}: not a scenario (a JSON object)")
     systems, left_out = {}, {}
     for name in scenario.get("systems", []):
         d = run_dir / name
@@ -85,12 +102,10 @@ def load_run(run_dir: Path) -> RunData:
         systems[name] = SystemRun(
             name=name,
             records=records_frame(d),
-            manifest=json.loads((d / "manifest.json").read_text()),
-            link_check=json.loads((d / "link_check.json").read_text())
-            if (d / "link_check.json").exists()
-            else [],
+            manifest=_read_json(d / "manifest.json"),
+            link_check=_json_rows(d / "link_check.json"),
             transfers=pd.DataFrame(transfers),
-            cost=json.loads((d / "cost.json").read_text()) if (d / "cost.json").exists() else {},
+            cost=_json(d / "cost.json"),
             pacing=pd.DataFrame(pacing),
             cpu=[r for f in ("cpu.json", "locust_cpu.json") for r in _json_rows(d / f)],
             client=pd.DataFrame(read_jsonl(d / "client.jsonl"))
@@ -119,11 +134,11 @@ def _why_left_out(system_dir: Path) -> str:
 
 
 def _json_rows(path: Path) -> list[dict]:
-    return json.loads(path.read_text()) if path.exists() else []
+    return _read_json(path) if path.exists() else []
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    return _read_json(path) if path.exists() else {}
 
 
 def _server_logs(system_dir: Path, kind: str) -> list[dict]:

@@ -152,10 +152,11 @@ def _interrupt(signum, frame):
 def report(run_dir: Path = typer.Argument(..., help="A bench run directory.")) -> None:
     """Regenerate report.html (and a sweep's pages) from a run directory's records alone."""
     from reports.render import write_reports
+    from reports.run_data import RunDataError
 
     try:
         path = write_reports(run_dir)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, RunDataError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     console.print(f"report: {path}")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import re
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -32,3 +35,16 @@ def new_run_dir(parent: Path, stem: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free run directory named {base}-N in {parent}")
+
+
+@contextmanager
+def dropped_if_left_empty(run_dir: Path) -> Iterator[Path]:
+    """``run_dir`` for a run that may fail before it writes anything (a trace that is
+    not there, a model that does not load): then no empty directory is left behind to
+    pass for a run. One with any file in it is kept, whatever happened."""
+    try:
+        yield run_dir
+    except BaseException:
+        if run_dir.is_dir() and not any(p.is_file() for p in run_dir.rglob("*")):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise

@@ -155,6 +155,25 @@ class Scenario(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _network_hosts_every_system(self) -> Scenario:
+        """Each system's servers, the router and the client have a host: else the bench
+        ran the systems before the one lacking its host, then failed."""
+        if self.inventory is not None:
+            return self  # its hosts are checked against the systems (check_scenario)
+        from testbed.systems import SYSTEMS
+
+        topo = self.network.topo()
+        have = {topo.nodeInfo(h).get("role") for h in topo.hosts()}
+        for name in self.systems:
+            needs = {net_role for _, net_role in SYSTEMS[name].servers} | {"router", "client"}
+            if needs - have:
+                raise ValueError(
+                    f"system {name} needs a host of role {', '.join(sorted(needs - have))}: "
+                    f"network.hosts (topology {self.network.topology}) gives none"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _emulation_profiles_exist(self) -> Scenario:
         if self.emulation is not None:
             self.emulation.check_profiles(self.cost.site_accelerators)

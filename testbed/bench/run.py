@@ -33,7 +33,7 @@ from testbed.bench.progress import LoadProgress
 from testbed.bench.records_wait import wait_for_records
 from testbed.deployment import Deployment
 from testbed.model import describe as describe_model
-from testbed.run_dirs import new_run_dir
+from testbed.run_dirs import dropped_if_left_empty, new_run_dir
 from testbed.scenario import Scenario
 from topologies.check import check_network
 from topologies.schedule import WanSchedule
@@ -213,18 +213,18 @@ def run_bench(
     """One run directory; a sweep scenario gets one sub-directory per point, each a
     complete run of its own, and a sweep report over them all."""
     run_dir = new_run_dir(out, f"bench-{scenario.name}")
-    run_dir.mkdir(parents=True, exist_ok=True)
     systems = systems or scenario.systems
     console.print(f"bench {scenario.name}: systems {', '.join(systems)}; run directory {run_dir}")
     points = scenario.points()
-    if scenario.sweep:
-        sweep = {"sweep": scenario.sweep, "points": [label for label, _ in points]}
-        write_atomic(run_dir / "sweep.json", json.dumps(sweep, indent=2))
-        write_atomic(run_dir / "scenario.json", scenario.model_dump_json(indent=2))
-    for i, (label, point) in enumerate(points):
-        if label:
-            console.rule(f"sweep point {i + 1}/{len(points)}: {label}")
-        run_point(point, run_dir / label if label else run_dir, systems, console, ui_port)
+    with dropped_if_left_empty(run_dir):
+        if scenario.sweep:
+            sweep = {"sweep": scenario.sweep, "points": [label for label, _ in points]}
+            write_atomic(run_dir / "sweep.json", json.dumps(sweep, indent=2))
+            write_atomic(run_dir / "scenario.json", scenario.model_dump_json(indent=2))
+        for i, (label, point) in enumerate(points):
+            if label:
+                console.rule(f"sweep point {i + 1}/{len(points)}: {label}")
+            run_point(point, run_dir / label if label else run_dir, systems, console, ui_port)
     if scenario.sweep:
         console.print(f"sweep report: {write_sweep_report(run_dir)}")
     return run_dir

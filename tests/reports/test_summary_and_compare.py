@@ -185,3 +185,27 @@ def test_the_report_names_the_scenarios_systems_it_has_no_results_for(tmp_path):
         "colocated",
         "same_site_pd",
     ]
+
+
+@pytest.mark.parametrize(
+    "name, content, said",
+    [
+        ("scenario.json", "nope", "scenario.json: not the JSON a run writes"),
+        ("scenario.json", "[1]", "scenario.json: not a scenario"),
+        ("pdd/cost.json", "[1,2", "cost.json: not the JSON a run writes"),
+        ("pdd/manifest.json", "\xff", "manifest.json: not the JSON a run writes"),
+        ("pdd/records.parquet", "garbage", "records.parquet: not a readable Parquet file"),
+    ],
+)
+def test_a_stored_runs_damaged_file_is_named_and_no_report_is_written(
+    tmp_path, name, content, said
+):
+    """A reviewer's copy of a run with a file cut short or overwritten: `testbed report`
+    says which and exits 2 (it printed a traceback)."""
+    run = tmp_path / "run"
+    write_point(run, Scenario(name="s"), {"same_site_pd": 0.3, "pdd": 0.35})
+    (run / name).write_text(content, encoding="latin-1")
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 2
+    assert said.replace(" ", "") in "".join(result.output.split())  # the console wraps
+    assert not (run / "report.html").exists()

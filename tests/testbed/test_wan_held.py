@@ -25,6 +25,16 @@ from tests.testbed.wan_line import MB, Clock
 SHARED = list(range(10, 1034))  # a 1024-token system prompt
 
 
+def policy_with_a_prefix_on_its_way(**knobs):
+    """A PDD policy whose WAN carries room 101's 1,224 tokens (``SHARED`` and 200 more)
+    to main decode, and that first request's body."""
+    p, first = policy(**knobs), body(0)
+    first["input_ids"] = SHARED + [1] * 200
+    p.wan.start(101, 1224 * 8192)
+    p.mirror.coming(101, first["input_ids"], "md")
+    return p, first
+
+
 def test_a_transfer_held_back_for_another_starts_when_that_one_ends():
     clock = Clock()
     line = WanLine(rate_bytes_s=10 * MB, clock=clock)  # no delay, no loss: bytes alone
@@ -103,11 +113,7 @@ def test_a_request_all_of_whose_lack_is_on_its_way_waits_for_that_transfer():
     nothing = line.predict(0, after=1)
     assert nothing.held_s == pytest.approx(1.0) and nothing.after == 1
     assert nothing.seconds == 0 and line.predict(0).held_s == 0
-    p = policy(direct_wan_bound_s=0.3)
-    first = body(0)
-    first["input_ids"] = SHARED + [1] * 200
-    p.wan.start(101, 1224 * 8192)
-    p.mirror.coming(101, first["input_ids"], "md")
+    p, first = policy_with_a_prefix_on_its_way(direct_wan_bound_s=0.3)
     again = p.choose(first, Loads(), "b")
     assert again.wan.own_bytes == 0 and again.wan.after == 101 and again.md_after == 101
     assert again.wan.held_s > 0.5  # 10 MB at 12.5 MB/s first
@@ -175,11 +181,7 @@ def test_the_room_a_request_is_held_for_reaches_sglangs_sampling_params():
 
 def test_only_a_request_whose_kv_goes_to_main_decode_names_the_transfer():
     """Relay decode never sees the room named (an RLD-only request would wait for it)."""
-    p = policy(direct_wan_bound_s=0.1)
-    first = body(0)
-    first["input_ids"] = SHARED + [1] * 200
-    p.wan.start(101, 1224 * 8192)
-    p.mirror.coming(101, first["input_ids"], "md")
+    p, first = policy_with_a_prefix_on_its_way(direct_wan_bound_s=0.1)
     route = p.choose({**first, "input_ids": SHARED + [2] * 200}, Loads(), "b")
     assert route.wan.after == 101 and route.md_after == 101
     assert replace(route, pipeline=Pipeline.P_MD).md_after == 101
@@ -190,11 +192,7 @@ def test_md_may_hold_a_p_md_request_only_as_long_as_the_router_planned_its_kv():
     """A P->MD request's client waits on main decode: the router names the longest MD may
     hold it (its predicted hold and crossing, or all it lacks crossing alone if longer);
     a relayed one streams from relay decode, and MD keeps its own bound."""
-    p = policy(direct_wan_bound_s=100.0)  # every request P->MD
-    first = body(0)
-    first["input_ids"] = SHARED + [1] * 200
-    p.wan.start(101, 1224 * 8192)
-    p.mirror.coming(101, first["input_ids"], "md")
+    p, first = policy_with_a_prefix_on_its_way(direct_wan_bound_s=100.0)
     held = p.choose({**first, "input_ids": SHARED + [2] * 200}, Loads(), "b")
     assert held.pipeline == Pipeline.P_MD and held.wan.after == 101
     alone = p.wan.predict(1224 * 8192).seconds  # all it lacks, had MD not held it
@@ -211,11 +209,7 @@ def test_md_holds_from_its_arrival_so_the_bound_counts_prefills_compute():
     bound is the crossing predicted from then (test_prefix_wait's B had its hold run
     out after 1.8 s as the prefix it waited for arrived, its prefill having taken
     0.95 s, and prefill sent the prefix again)."""
-    p = policy(direct_wan_bound_s=100.0)
-    first = body(0)
-    first["input_ids"] = SHARED + [1] * 200
-    p.wan.start(101, 1224 * 8192)
-    p.mirror.coming(101, first["input_ids"], "md")
+    p, first = policy_with_a_prefix_on_its_way(direct_wan_bound_s=100.0)
     before = p.choose({**first, "input_ids": SHARED + [2] * 200}, Loads(), "b")
     p.wan.lags.extend([1.0, 1.2, 1.1])  # routed to first KV byte in: prefill computed
     p.wan.leads.extend([0.1, 0.1, 0.1])  # routed to decode's checkout

@@ -130,6 +130,10 @@ def test_topologies_place_roles_in_their_sites():
         ("sla: {ttft_s: .inf, itl_s: 0.1}", "sla.ttft_s"),
         ("network: {hosts: {prefill: 99}}", "hosts.prefill: 99 hosts"),
         ("network: {hosts: {prefill: -3}}", "hosts.prefill: -3 hosts"),
+        # a system whose host is missing: before, the systems ahead of it ran first
+        ("network: {hosts: {relay_decode: 0}}", "same_site_pd needs a host of role relay_decode"),
+        ("network: {hosts: {client: 0}}", "colocated needs a host of role client"),
+        ("network: {topology: one_site}\nsystems: [pdd]", "pdd needs a host of role relay_decode"),
         ("name: ../../etc", "name '../../etc'"),
         ("name: a/b", "name 'a/b'"),
         ("name: ''", "name ''"),
