@@ -355,6 +355,23 @@ def read_jsonl(path: str | Path) -> Iterator[dict]:
         yield data
 
 
+class DamagedFile(ValueError):
+    """A stored run's file that cannot be read as what the run wrote (cut short,
+    overwritten, edited by hand): named, with what is wrong with it."""
+
+
+def read_json(path: str | Path, kind: type = object):
+    """A JSON file a run wrote, parsed; ``kind`` (dict, list) what it must hold."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DamagedFile(f"{path}: not the JSON a run writes ({exc})") from None
+    if not isinstance(data, kind):
+        what = {dict: "an object", list: "an array"}.get(kind, kind.__name__)
+        raise DamagedFile(f"{path}: not the JSON a run writes ({what} expected)")
+    return data
+
+
 def from_dict(cls: type[T], data: dict) -> T:
     """A record from one parsed line; fields it does not know are left out."""
     known = {f.name for f in fields(cls)}

@@ -12,13 +12,12 @@ Layout written by ``testbed bench``::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from protocol.records import COLUMNS, read_jsonl, read_records
+from protocol.records import COLUMNS, DamagedFile, read_json, read_jsonl, read_records
 
 
 @dataclass
@@ -47,18 +46,6 @@ class RunData:
 RENAMED = {"wan_goodput_bps": "wan_goodput_bytes_s"}  # columns of older runs
 
 
-class RunDataError(ValueError):
-    """A stored run's file that cannot be read as what the run wrote (cut short,
-    overwritten, edited by hand): named, with what is wrong with it."""
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RunDataError(f"{path}: not the JSON a run writes ({exc})") from None
-
-
 def records_frame(system_dir: Path) -> pd.DataFrame:
     """The records of a system, with this version's columns (a stored run's renamed
     columns under their new names, columns no longer recorded dropped)."""
@@ -67,7 +54,7 @@ def records_frame(system_dir: Path) -> pd.DataFrame:
         try:
             frame = pd.read_parquet(parquet).rename(columns=RENAMED)
         except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-            raise RunDataError(f"{parquet}: not a readable Parquet file ({exc})") from None
+            raise DamagedFile(f"{parquet}: not a readable Parquet file ({exc})") from None
         return frame[[c for c in frame.columns if c in COLUMNS]]
     jsonl = system_dir / "records.jsonl"
     rows = [r.__dict__ for r in read_records(jsonl)] if jsonl.exists() else []
@@ -89,9 +76,7 @@ def load_run(run_dir: Path) -> RunData:
     scenario_file = run_dir / "scenario.json"
     if not scenario_file.exists():
         raise FileNotFoundError(f"{run_dir} is not a bench run directory (no scenario.json)")
-    scenario = _read_json(scenario_file)
-    if not isinstance(scenario, dict):
-        raise RunDataError(f"{scenario_file}: not a scenario (a JSON object)")
+    scenario = read_json(scenario_file, dict)
     systems, left_out = {}, {}
     for name in scenario.get("systems", []):
         d = run_dir / name
@@ -102,7 +87,7 @@ def load_run(run_dir: Path) -> RunData:
         systems[name] = SystemRun(
             name=name,
             records=records_frame(d),
-            manifest=_read_json(d / "manifest.json"),
+            manifest=read_json(d / "manifest.json", dict),
             link_check=_json_rows(d / "link_check.json"),
             transfers=pd.DataFrame(transfers),
             cost=_json(d / "cost.json"),
@@ -134,11 +119,11 @@ def _why_left_out(system_dir: Path) -> str:
 
 
 def _json_rows(path: Path) -> list[dict]:
-    return _read_json(path) if path.exists() else []
+    return read_json(path, list) if path.exists() else []
 
 
 def _json(path: Path) -> dict:
-    return _read_json(path) if path.exists() else {}
+    return read_json(path, dict) if path.exists() else {}
 
 
 def _server_logs(system_dir: Path, kind: str) -> list[dict]:

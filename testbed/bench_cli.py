@@ -7,11 +7,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from testbed.console import console
 from testbed.server import ServerError
 
-console = Console()
 SET = typer.Option(
     None, "--set", help="Override a scenario field: dotted.field=value (YAML); repeatable."
 )

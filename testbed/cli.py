@@ -6,12 +6,12 @@ import signal
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from testbed import bench_cli
 from testbed import model as model_mod
 from testbed.bench_cli import SET, with_seeds  # noqa: F401 (with_seeds: tested here)
+from testbed.console import console
 from testbed.hosts_cli import doctor, key, serve
 from testbed.net_cli import net_app
 from testbed.run_dirs import new_run_dir
@@ -43,7 +43,6 @@ for command in (key, serve, doctor):  # a multi-host deployment's (testbed.hosts
     app.command()(command)
 for name, command in bench_cli.COMMANDS.items():
     app.command(name)(command)
-console = Console()
 
 DEFAULT = model_mod.ModelShape()
 
@@ -151,12 +150,12 @@ def _interrupt(signum, frame):
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="A bench run directory.")) -> None:
     """Regenerate report.html (and a sweep's pages) from a run directory's records alone."""
+    from protocol.records import DamagedFile
     from reports.render import write_reports
-    from reports.run_data import RunDataError
 
     try:
         path = write_reports(run_dir)
-    except (FileNotFoundError, RunDataError) as exc:
+    except (FileNotFoundError, DamagedFile) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from exc
     console.print(f"report: {path}")

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from protocol.env import Env
@@ -21,9 +20,8 @@ from protocol.kv import IDLE_TIMEOUT_S, LATE_LEG_S, POOL_REUSE_S
 from protocol.names import Role
 from testbed import model as model_mod
 from testbed.agent import HostAgent, key_fingerprint
+from testbed.console import console
 from testbed.server import ServerError, ServerSpec, SGLangServer
-
-console = Console()
 
 
 def resolve_model(model: Path | None) -> Path:

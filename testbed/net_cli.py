@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from testbed.console import console
 from testbed.run_dirs import new_run_dir
 from testbed.scenario import Scenario, ScenarioError
 from topologies import registry
@@ -19,7 +19,6 @@ from topologies.network import Network
 net_app = typer.Typer(
     help="Bring a scenario's emulated network up, down, or measure it.", no_args_is_help=True
 )
-console = Console()
 
 NAME = typer.Option("default", "--name", help="Network name (namespaces pddtb-NAME-*).")
 SET = typer.Option(

@@ -7,13 +7,12 @@ import sys
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from testbed.console import console
 from testbed.run_dirs import new_run_dir
 
 trace_app = typer.Typer(help="Inspect and generate request traces.", no_args_is_help=True)
-console = Console()
 LOCUSTFILE = Path(__file__).resolve().parent.parent / "workloads" / "locustfile.py"
 
 

@@ -21,21 +21,21 @@ reproduce one of its points.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from protocol.records import write_atomic
+from protocol.records import DamagedFile, read_json, write_atomic
 from reports.compare import summary_of
 from reports.render import SEED_FIELD, write_sweep_report
 from reports.sweeps import confidence
 from testbed.manifest import versions
-from testbed.scenario import Scenario
+from testbed.scenario import Scenario, format_errors
 
 FIGURES = (
     "ttft_p50_s",
@@ -68,19 +68,28 @@ def load_stored(run_dir: Path) -> Stored:
         raise NotReproducible(f"{run_dir} is a sweep: reproduce one of its points")
     if (run_dir.parent / "sweep.json").exists() and not (run_dir / "summary.json").exists():
         raise NotReproducible(f"{run_dir} is a sweep point that never completed")
-    data = json.loads((run_dir / "scenario.json").read_text())
-    systems = data["systems"]
+    path = run_dir / "scenario.json"
+    data = read_json(path, dict)
+    systems = data.get("systems")
+    if not isinstance(systems, list):
+        raise DamagedFile(f"{path}: names no systems (not the scenario a bench writes)")
     target = run_dir / "scenario-target.json"
     if target.exists():  # emulation: the target scenario at the dilation the run used
-        data = json.loads(target.read_text())
-        emulated = json.loads((run_dir / "emulation.json").read_text())
+        path, data = target, read_json(target, dict)
+        emulated = read_json(run_dir / "emulation.json", dict)
+        if not isinstance(data.get("emulation"), dict) or "dilation" not in emulated:
+            raise DamagedFile(f"{target} or emulation.json: no emulation and its dilation")
         data["emulation"].update(calibrate=False, dilation=emulated["dilation"])
         data["systems"] = systems
     manifests = [run_dir / s / "manifest.json" for s in systems]
     stored_versions = next(
-        (json.loads(m.read_text()).get("versions", {}) for m in manifests if m.exists()), {}
+        (read_json(m, dict).get("versions", {}) for m in manifests if m.exists()), {}
     )
-    return Stored(run_dir, Scenario.model_validate(data), systems, stored_versions)
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise DamagedFile(f"{path}: not a valid scenario here\n{format_errors(exc)}") from None
+    return Stored(run_dir, scenario, systems, stored_versions)
 
 
 def version_drift(stored: dict[str, str]) -> list[str]:
@@ -156,12 +165,16 @@ def seed_points(run_dir: Path) -> list[str] | None:
     path = Path(run_dir) / "sweep.json"
     if not path.exists():
         return None
-    sweep = json.loads(path.read_text())
+    sweep = read_json(path, dict)
+    if not isinstance(sweep.get("sweep"), dict):
+        raise DamagedFile(f"{path}: no sweep as a bench writes it")
     if list(sweep["sweep"]) != [SEED_FIELD]:
         raise NotReproducible(
             f"{run_dir} is a sweep over {', '.join(sweep['sweep'])}: reproduce one of its "
             "points (only a repeated run, bench --seeds, is reproduced whole)"
         )
+    if not isinstance(sweep.get("points"), list):
+        raise DamagedFile(f"{path}: no points as a bench writes them")
     return sweep["points"]
 
 

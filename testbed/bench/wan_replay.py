@@ -25,16 +25,25 @@ servers.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from protocol.metrics import percentile
 from protocol.names import Role
-from protocol.records import PoolRecord, TransferRecord, from_dict, read_jsonl
+from protocol.records import (
+    DamagedFile,
+    PoolRecord,
+    TransferRecord,
+    from_dict,
+    read_json,
+    read_jsonl,
+)
 from testbed.router.config import RouterConfig
 from testbed.router.policies import wan_line
+from testbed.scenario import format_errors
 
 ROUTED, POOL, SETTLED, SENDER = 0, 1, 2, 3  # event kinds, in this order at one instant
 
@@ -68,12 +77,15 @@ def _with_line(config: dict, run_dir: Path) -> dict:
     pdd, scenario = config.get("pdd"), run_dir / "scenario.json"
     if pdd is None or not scenario.exists():
         return config
-    wan = json.loads(scenario.read_text())["network"]["wan"]
-    known = {
-        "wan_queue_bytes": wan["queue_packets"] * wan["mtu"],
-        "wan_congestion_control": wan.get("congestion_control") or "cubic",
-        "wan_jitter_s": wan.get("jitter_ms", 0.0) / 1000,
-    }
+    try:
+        wan = read_json(scenario, dict)["network"]["wan"]
+        known = {
+            "wan_queue_bytes": wan["queue_packets"] * wan["mtu"],
+            "wan_congestion_control": wan.get("congestion_control") or "cubic",
+            "wan_jitter_s": wan.get("jitter_ms", 0.0) / 1000,
+        }
+    except (KeyError, TypeError, AttributeError):
+        raise DamagedFile(f"{scenario}: no network.wan as a bench writes it") from None
     return {**config, "pdd": {**known, **pdd}}
 
 
@@ -82,8 +94,13 @@ def replay(system_dir: Path) -> list[Replayed]:
     config_path = system_dir / "router.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{system_dir}: no router.json (not a system's run directory)")
-    stored = json.loads(config_path.read_text())
-    config = RouterConfig.model_validate(_with_line(stored, system_dir.parent))
+    stored = read_json(config_path, dict)
+    try:
+        config = RouterConfig.model_validate(_with_line(stored, system_dir.parent))
+    except (ValidationError, AttributeError, TypeError) as exc:  # fields of the wrong kind
+        why = format_errors(exc) if isinstance(exc, ValidationError) else f"  {exc}"
+        what = "not the router configuration a run writes"
+        raise DamagedFile(f"{config_path}: {what}\n{why}") from None
     if config.pdd is None:
         raise NoWanModel(f"{system_dir}: system {config.system!r} predicts no WAN time")
     near = {s.site for s in config.with_role(Role.PREFILL)}

@@ -191,9 +191,10 @@ def test_the_report_names_the_scenarios_systems_it_has_no_results_for(tmp_path):
     "name, content, said",
     [
         ("scenario.json", "nope", "scenario.json: not the JSON a run writes"),
-        ("scenario.json", "[1]", "scenario.json: not a scenario"),
+        ("scenario.json", "[1]", "scenario.json: not the JSON a run writes (an object expected)"),
         ("pdd/cost.json", "[1,2", "cost.json: not the JSON a run writes"),
         ("pdd/manifest.json", "\xff", "manifest.json: not the JSON a run writes"),
+        ("pdd/cpu.json", "{}", "cpu.json: not the JSON a run writes (an array expected)"),
         ("pdd/records.parquet", "garbage", "records.parquet: not a readable Parquet file"),
     ],
 )

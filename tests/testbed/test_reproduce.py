@@ -108,3 +108,22 @@ def test_reproduce_checks_every_seed_before_running_anything(tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and points[1] in result.output
     assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (lambda d: d.pop("systems"), "names no systems"),
+        (lambda d: d["network"]["wan"].update(rate_mbit="fast"), "network.wan.rate_mbit"),
+    ],
+)
+def test_a_damaged_stored_scenario_is_named_before_running_anything(tmp_path, damage, said):
+    run = tmp_path / "run"
+    write_point(run, Scenario(name="s"), {"same_site_pd": 0.3})
+    data = json.loads((run / "scenario.json").read_text())
+    damage(data)
+    (run / "scenario.json").write_text(json.dumps(data))
+    args = ["reproduce", str(run), "--out", str(tmp_path / "new"), "--allow-version-drift"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and said in " ".join(result.output.split())
+    assert "scenario.json" in result.output and not (tmp_path / "new").exists()

@@ -168,3 +168,23 @@ def test_a_run_from_before_the_line_knew_its_queue_is_replayed_with_its_scenario
     stored_queue = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000}}
     assert _with_line(stored_queue, tmp_path)["pdd"]["wan_queue_bytes"] == 3000
     assert _with_line({"system": "same_site_pd", "pdd": None}, tmp_path)["pdd"] is None
+
+
+@pytest.mark.parametrize(
+    "router, scenario, said",
+    [
+        ("{}", None, "router.json: not the router configuration a run writes - system: Field"),
+        ("[]", None, "router.json: not the JSON a run writes (an object expected)"),
+        ("{", None, "router.json: not the JSON a run writes"),
+        (None, '{"network": {}}', "scenario.json: no network.wan as a bench writes it"),
+    ],
+)
+def test_a_stored_runs_damaged_file_is_named(tmp_path, router, scenario, said):
+    write_run(tmp_path / "run" / "pdd")
+    if router is not None:
+        (tmp_path / "run" / "pdd" / "router.json").write_text(router)
+    if scenario is not None:
+        (tmp_path / "run" / "scenario.json").write_text(scenario)
+    result = CliRunner().invoke(app, ["wan-replay", str(tmp_path / "run")])
+    assert result.exit_code == 2
+    assert said in " ".join(result.output.split())
