@@ -211,7 +211,8 @@ def wan_replay(
         table.add_column(column, justify="left" if column == "system" else "right")
     for system, r in rows.items():
         cells = [r[k] for k in ("replayed_p50", "replayed_p95", "recorded_p50", "recorded_p95")]
-        table.add_row(system, str(int(r["transfers"])), *(f"{v:.0%}" for v in cells))
+        shown = (f"{v:.0%}" if v == v else "-" for v in cells)  # NaN: nothing measured
+        table.add_row(system, str(int(r["transfers"])), *shown)
     console.print(table)
 
 

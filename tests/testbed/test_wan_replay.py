@@ -188,3 +188,12 @@ def test_a_stored_runs_damaged_file_is_named(tmp_path, router, scenario, said):
     result = CliRunner().invoke(app, ["wan-replay", str(tmp_path / "run")])
     assert result.exit_code == 2
     assert said in " ".join(result.output.split())
+
+
+def test_a_system_with_no_measured_transfer_shows_none_not_nan(tmp_path):
+    write_run(tmp_path / "run" / "pdd")
+    (tmp_path / "run" / "pdd" / "records.jsonl").write_text("")  # no request joined one
+    result = CliRunner().invoke(app, ["wan-replay", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    (row,) = [line for line in result.output.splitlines() if "pdd" in line]
+    assert [c.strip() for c in row.split("│") if c.strip()] == ["pdd", "0", "-", "-", "-", "-"]
