@@ -29,6 +29,7 @@ _TCP_CHRONO = struct.Struct("8B24I4Q4I2I4Q")
 _NO_SSTHRESH = 0x7FFFFFFF  # TCP_INFINITE_SSTHRESH: slow start has not ended yet
 _INFO_FIELDS = 8 + 24 + 4 + 4  # fields of _TCP_INFO; _TCP_CHRONO has more
 _LAST_DATA_SENT, _LAST_ACK_RECV, _MIN_RTT = 8 + 9, 8 + 12, _INFO_FIELDS - 1  # indices into it
+_LAST_DATA_RECV = 8 + 11
 
 
 class Chrono(NamedTuple):
@@ -83,6 +84,13 @@ def idle_since(sock: socket.socket) -> float | None:
     sent_ago = info[_LAST_DATA_SENT] / 1000
     acked_ago = info[_LAST_ACK_RECV] / 1000 + info[_MIN_RTT] / 1e6
     return min(sent_ago, acked_ago)
+
+
+def quiet_for(sock: socket.socket) -> float | None:
+    """Seconds since data last reached this end of the connection (the kernel's count,
+    whatever the application has read of it); None where the kernel does not say."""
+    info = _info(sock)
+    return None if info is None else info[_LAST_DATA_RECV] / 1000
 
 
 def wire_idle_from(sock: socket.socket) -> float | None:

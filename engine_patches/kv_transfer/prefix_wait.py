@@ -31,6 +31,8 @@ A request waits at most ``late_leg / 2`` (a dual-path room's second leg must joi
 within ``late_leg``, or prefill sends to the first only), or what the router allowed it
 (``protocol.rooms.hold_bound``: a P->MD request's client waits on it, and past what its
 own KV was predicted to take the hold has lost its point), then is preallocated as usual.
+The router's bound is a prediction: while the KV held for is still coming and not
+stalled, it stretches up to ``STRETCH`` times (``PrefixWait._most``).
 
 Lifecycle of one request in decode's prealloc queue::
 
@@ -57,6 +59,8 @@ POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_pre
 
 logger = logging.getLogger("pdd.prefix_wait")
 ARRIVAL_S = 1.0  # a named room not here yet is waited for this long (legs posted together)
+STRETCH = 2.0  # the router's hold bound, at most this many times, while the KV still comes
+QUIET_SHARE = 1 / 30  # of the KV idle timeout: KV on its way with no data this long stalled
 SEEN_ROOMS = 4096  # rooms remembered as having reached this decode server
 
 
@@ -75,10 +79,12 @@ class PrefixWait:
     those that waited their most (never held again while they stay queued), and the rooms
     that have reached this queue (a named room among them is here, or has been)."""
 
-    def __init__(self, max_wait_s: float) -> None:
+    def __init__(self, max_wait_s: float, quiet_s: float = float("inf")) -> None:
         self.max_wait_s = max_wait_s
+        self.quiet_s = quiet_s  # KV on its way with no data for this long has stalled
         self.since: dict[str, tuple[float, str]] = {}  # rid: held since, reason logged last
         self.expired: set[str] = set()
+        self.stretched: set[str] = set()  # held past the router's bound (logged once)
         self.seen: OrderedDict[int, None] = OrderedDict()
 
     def _see(self, rooms) -> None:
@@ -93,44 +99,50 @@ class PrefixWait:
         tree = queue.tree_cache
         page = int(getattr(tree, "page_size", 1) or 1)
         scheduler = queue.scheduler
-        # (room, prompt) of KV on its way: on the wire or still at prefill, or queued
-        # here; then KV that has arrived (not yet merged: any request may wait for that)
+        # (room, prompt, receiver) of KV on its way: on the wire or still at prefill, or
+        # queued here (no receiver yet); then KV that has arrived (not yet merged: any
+        # request may wait for that)
         coming = [
-            (r.req.bootstrap_room, r.req.origin_input_ids) for r in queue.transfer_queue.queue
+            (r.req.bootstrap_room, r.req.origin_input_ids, getattr(r, "kv_receiver", None))
+            for r in queue.transfer_queue.queue
         ]
         queued = [(r.req.bootstrap_room, r.req.origin_input_ids) for r in queue.queue]
         here = [r.origin_input_ids for r in scheduler.waiting_queue]
-        self._see(room for room, _ in coming + queued)
+        self._see([room for room, *_ in coming] + [room for room, _ in queued])
         queued_rids = {r.req.rid for r in queue.queue}
         self.expired &= queued_rids  # those SGLang took, or that were aborted, are gone
+        self.stretched &= queued_rids
         for gone in self.since.keys() - queued_rids:
             del self.since[gone]
         held, rest, now = [], [], time.monotonic()
         for i, decode_req in enumerate(queue.queue):
             req = decode_req.req
             waited = now - self.since.get(req.rid, (now, ""))[0]
-            most = min(self.max_wait_s, _or_inf(hold_bound(req)))
-            if waited >= most and req.rid not in self.expired:
-                self.expired.add(req.rid)
-                if req.rid in self.since:  # a reviewer counts the holds cut short
-                    logger.info(
-                        "room %s goes on after %.1f s held (its most)", req.bootstrap_room, waited
-                    )
-            ids, room, why = req.origin_input_ids, req.bootstrap_room, None
+            ids, room, why, awaited = req.origin_input_ids, req.bootstrap_room, None, None
             # only for KV routed before it, as the router predicts the hold: held for one
             # routed after it (its KV still at prefill), a request whose own KV was ready
             # waited for it (default run 025010: 5 s, its TTFT 9.2 s)
-            ahead = [p for r, p in coming if routed_before(room, r) is not True]
-            ahead += [p for j, (r, p) in enumerate(queued) if j != i and _first(j, r, i, room)]
+            ahead = [(p, rx) for r, p, rx in coming if routed_before(room, r) is not True]
+            ahead += [
+                (p, None) for j, (r, p) in enumerate(queued) if j != i and _first(j, r, i, room)
+            ]
+            prompts = [p for p, _ in ahead]
             may_wait = req.rid not in self.expired and not decode_req.is_rebootstrap
             named = after_room(req)
             if may_wait and named is not None and named not in self.seen and waited < ARRIVAL_S:
                 why = ("room %s waits for room %s, routed before it and not here yet", named)
             # the prefix cache's match (a tree walk) only for a prompt that would wait even
             # with nothing cached: every scheduler iteration comes here
-            elif may_wait and holds_back(ids, 0, ahead, page, here)[0]:
-                extra, _ = holds_back(ids, _cached_tokens(tree, req), ahead, page, here)
+            elif may_wait and holds_back(ids, 0, prompts, page, here)[0]:
+                extra, which = holds_back(ids, _cached_tokens(tree, req), prompts, page, here)
                 why = ("room %s waits for %d tokens on their way", extra) if extra else None
+                # arrived (not yet merged) KV is surely coming; a receiver says for its own
+                awaited = True if which >= len(ahead) else ahead[which][1] if extra else None
+            if why and waited >= self._most(req, waited, awaited):
+                self.expired.add(req.rid)
+                why = None
+                if req.rid in self.since:  # a reviewer counts the holds cut short
+                    logger.info("room %s goes on after %.1f s held (its most)", room, waited)
             if why:
                 since, said = self.since.get(req.rid, (now, None))
                 if said != why[0]:
@@ -142,9 +154,41 @@ class PrefixWait:
                 rest.append(decode_req)
         return held, rest
 
+    def _most(self, req, waited: float, awaited) -> float:
+        """How long ``req`` may be held: MD's own bound, or the router's where it named
+        one (``protocol.rooms.hold_bound``: a P->MD request's client waits on the hold,
+        and the router predicted when the KV held for would be in). The router's bound
+        stretches, up to ``STRETCH`` times and MD's own, while the KV held for is still
+        coming and not stalled (``awaited``: its receiver, or True for KV already here):
+        sent beside it, the request's own KV would share the line with it and end no
+        sooner (:func:`protocol.kv.holds_back`), so a late prediction is no reason to send
+        the prefix again. Default run ``bench-default-20261207-202124``: a P->MD turn
+        bounded at 1.5 s for its session's previous turn (6.4 MB, five retransmissions,
+        3.5 s where 2.5 were predicted) went on 0.3 s before that KV was in, and prefill
+        sent all 6.9 MB of its prompt behind it (its first token 0.6 s later, the bytes
+        twice)."""
+        bound = hold_bound(req)
+        if bound is None or bound >= self.max_wait_s:
+            return self.max_wait_s
+        if waited < bound or not _still_coming(awaited, self.quiet_s):
+            return bound
+        if req.rid not in self.stretched:
+            self.stretched.add(req.rid)
+            logger.info(
+                "room %s holds past the router's %.1f s: the KV it waits for is still coming",
+                req.bootstrap_room,
+                bound,
+            )
+        return min(self.max_wait_s, STRETCH * bound)
 
-def _or_inf(seconds: float | None) -> float:
-    return float("inf") if seconds is None else seconds
+
+def _still_coming(awaited, quiet_s: float) -> bool:
+    """Whether the KV a request is held for is on its way and moving (True: it has
+    arrived; a receiver: it says, where it can)."""
+    if awaited is None or awaited is True:
+        return awaited is True
+    check = getattr(awaited, "still_coming", None)
+    return bool(check(quiet_s)) if check is not None else False
 
 
 def _first(j: int, other: int, i: int, room: int) -> bool:
@@ -163,7 +207,9 @@ def _wait_for(queue) -> PrefixWait | None:
         from engine_patches.kv_transfer.manager import Timeouts
 
         on = get_disagg().disaggregation_decode_enable_radix_cache
-        queue._pdd_prefix_wait = PrefixWait(Timeouts.from_env().late_leg / 2) if on else None
+        timeouts = Timeouts.from_env()
+        wait = PrefixWait(timeouts.late_leg / 2, timeouts.idle * QUIET_SHARE)
+        queue._pdd_prefix_wait = wait if on else None
     return queue._pdd_prefix_wait
 
 

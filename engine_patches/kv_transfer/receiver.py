@@ -34,7 +34,7 @@ from protocol.frames import (
 )
 from protocol.kv import Done, KvChunkHeader, TransferRequest, crc32, max_chunk_body
 from protocol.records import TransferRecord
-from protocol.tcp import configure_socket, stamp_arrivals
+from protocol.tcp import configure_socket, quiet_for, stamp_arrivals
 
 logger = logging.getLogger("pdd.kv_transfer")
 
@@ -78,6 +78,21 @@ class TcpKVReceiver(BaseKVReceiver):
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.chunked = False  # a KV chunk of it has begun to arrive
+
+    def still_coming(self, quiet_s: float) -> bool:
+        """Whether this KV is here or on its way and not stalled: not failed, and either
+        arrived (SGLang merges it into the prefix cache next), prefill has sent none of it
+        yet (still computing, or busy with another prompt), or data reached its
+        connection within ``quiet_s`` (a chunk is up to 8 MB: the kernel's count, not
+        the frames', says whether the wire moves)."""
+        if self._state == KVPoll.Failed:
+            return False
+        sock = self._sock
+        if self._state != KVPoll.Transferring or not self.chunked or sock is None:
+            return True
+        quiet = quiet_for(sock)
+        return quiet is None or quiet < quiet_s
 
     @property
     def conclude_state(self):
@@ -225,6 +240,7 @@ class TcpKVReceiver(BaseKVReceiver):
             if kind == MsgType.KV_CHUNK:
                 record.first_byte = record.first_byte or arrived
                 gaps.head(arrived)
+                self.chunked = True
             elif kind == MsgType.DONE:
                 record.last_byte = arrived
 

@@ -4,6 +4,7 @@ and the three narrow hooks that make ``tcp`` a backend SGLang knows."""
 from __future__ import annotations
 
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from engine_patches.kv_transfer.pool import BufferSet, layout_digest
 from protocol.env import Env
 from protocol.frames import HEADER, MsgType, ProtocolError, recv_frame, send_frame
 from protocol.kv import Done, KvChunkHeader, TransferRequest
-from protocol.tcp import Chrono, TcpState, settled_state, tcp_state
+from protocol.tcp import Chrono, TcpState, quiet_for, settled_state, tcp_state
 
 
 def test_transfer_request_round_trip():
@@ -216,3 +217,41 @@ def test_the_receiver_measures_the_wires_idle_before_a_chunk_sent_after_a_wait()
     gaps.head(18.0)
     gaps.end(18.1)
     assert gaps.chunk(True) == pytest.approx(14.0 - 11.2 + 15.0 - 14.3)
+
+
+def test_a_receiver_says_its_kv_is_still_coming_until_its_wire_goes_quiet():
+    """Main decode stretches a hold while the KV it waits for still comes
+    (``prefix_wait``): before any chunk prefill may still compute; after one, the
+    kernel's time since data last arrived says whether the wire moves (a chunk is up
+    to 8 MB, so the frames cannot say). Real loopback TCP; an arrived transfer is
+    as good as in the cache (SGLang merges it next), a failed one never comes."""
+    from types import SimpleNamespace
+
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from engine_patches.kv_transfer.receiver import TcpKVReceiver
+
+    receiver = TcpKVReceiver(SimpleNamespace(), "127.0.0.1:1", 7)
+    receiver.init()
+    assert receiver.still_coming(0.0)  # asked, no chunk yet: prefill computes
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+        receiver._sock, receiver._state, receiver.chunked = client, KVPoll.Transferring, True
+        peer.sendall(b"x" * 1000)
+        time.sleep(0.3)
+        assert quiet_for(client) >= 0.25
+        assert receiver.still_coming(5.0) and not receiver.still_coming(0.25)
+        peer.sendall(b"y" * 1000)
+        time.sleep(0.05)
+        assert receiver.still_coming(0.25)  # data again: moving
+        receiver._state = KVPoll.Success  # arrived: the prefix cache takes it next
+        assert receiver.still_coming(0.0)
+        receiver._state = KVPoll.Failed
+        assert not receiver.still_coming(5.0)
+        client.close()
+        peer.close()
+    a, b = socket.socketpair()
+    assert quiet_for(a) is None  # not TCP: the kernel does not say
+    a.close()
+    b.close()

@@ -285,3 +285,52 @@ def test_a_request_the_router_bounded_waits_no_longer_than_that(empty_tree, monk
     assert [r.req.rid for r in wait.split(q)[1]] == ["w0"]  # not held again
     now[0] += 57.0
     assert len(wait.split(q)[1]) == 2  # MD's own bound
+
+
+def test_the_routers_bound_stretches_while_the_kv_held_for_still_comes(
+    empty_tree, monkeypatch, caplog
+):
+    """The router's bound is its prediction of when the KV held for is in; default run
+    bench-default-20261207-202124 had a turn go on 0.3 s before its session's previous
+    turn's 6.4 MB landed late (five retransmissions), and prefill sent all 6.9 MB of its
+    prompt again behind it. While that KV still comes (its receiver says: not ended,
+    not stalled) the hold goes on, at most twice the bound and never past MD's own; a
+    stalled one is not waited for past the bound."""
+    caplog.set_level("INFO", logger="pdd.prefix_wait")
+    now = [1000.0]
+    monkeypatch.setattr(prefix_wait.time, "monotonic", lambda: now[0])
+    coming = {"yes": True}
+    asked = []
+
+    def still_coming(quiet_s):
+        asked.append(quiet_s)
+        return coming["yes"]
+
+    def bounded_queue():
+        q = _queue([SHARED + [1]], [SHARED + [0]])
+        body = with_after({"sampling_params": {}}, None, "/generate", hold_s=2.0)
+        q.queue[0].req.sampling_params = SimpleNamespace(**body["sampling_params"])
+        q.transfer_queue.queue[0].kv_receiver = SimpleNamespace(still_coming=still_coming)
+        return q
+
+    wait, q = PrefixWait(60, quiet_s=0.5), bounded_queue()
+    assert len(wait.split(q)[0]) == 1
+    now[0] += 2.5  # past the router's 2 s, the KV still coming: held
+    assert len(wait.split(q)[0]) == 1 and asked[-1] == 0.5
+    assert "holds past the router's 2.0 s" in caplog.text
+    now[0] += 1.5  # 4 s: twice the bound, its most
+    held, rest = wait.split(q)
+    assert not held and len(rest) == 1
+    assert "goes on after 4.0 s held (its most)" in caplog.text
+
+    wait, q = PrefixWait(60, quiet_s=0.5), bounded_queue()
+    assert len(wait.split(q)[0]) == 1
+    coming["yes"] = False  # stalled on the wire: the bound holds
+    now[0] += 2.0
+    assert not wait.split(q)[0]
+
+    wait, q = PrefixWait(3.0, quiet_s=0.5), bounded_queue()
+    coming["yes"] = True
+    assert len(wait.split(q)[0]) == 1
+    now[0] += 3.0  # MD's own bound (3 s) before twice the router's
+    assert not wait.split(q)[0]
