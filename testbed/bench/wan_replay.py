@@ -75,8 +75,8 @@ def _with_line(config: dict, run_dir: Path) -> dict:
     (``wan_queue_bytes``), congestion control or jitter gets each it lacks from the
     run's scenario, as a router now would."""
     pdd, scenario = config.get("pdd"), run_dir / "scenario.json"
-    if pdd is None or not scenario.exists():
-        return config
+    if not isinstance(pdd, dict) or not scenario.exists():
+        return config  # none, or not an object: the configuration's check names it
     try:
         wan = read_json(scenario, dict)["network"]["wan"]
         known = {
@@ -97,10 +97,9 @@ def replay(system_dir: Path) -> list[Replayed]:
     stored = read_json(config_path, dict)
     try:
         config = RouterConfig.model_validate(_with_line(stored, system_dir.parent))
-    except (ValidationError, AttributeError, TypeError) as exc:  # fields of the wrong kind
-        why = format_errors(exc) if isinstance(exc, ValidationError) else f"  {exc}"
+    except ValidationError as exc:  # fields of the wrong kind
         what = "not the router configuration a run writes"
-        raise DamagedFile(f"{config_path}: {what}\n{why}") from None
+        raise DamagedFile(f"{config_path}: {what}\n{format_errors(exc)}") from None
     if config.pdd is None:
         raise NoWanModel(f"{system_dir}: system {config.system!r} predicts no WAN time")
     near = {s.site for s in config.with_role(Role.PREFILL)}

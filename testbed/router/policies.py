@@ -42,7 +42,9 @@ class Route:
         ``protocol.rooms.hold_bound``). None: MD's own bound (relay decode streams).
         MD holds it from its arrival, before prefill has computed it: a bound of the
         crossing alone ran out while the prefix it waited for was still arriving (its
-        prefill took 0.95 s of the 1.8 s), and prefill sent the prefix again."""
+        prefill took 0.95 s of the 1.8 s), and prefill sent the prefix again. The bound is
+        a prediction: MD stretches it (up to twice) while the KV held for is still coming
+        (``engine_patches.kv_transfer.prefix_wait``)."""
         if self.pipeline != Pipeline.P_MD or self.wan is None:
             return None
         wan = self.wan

@@ -176,6 +176,7 @@ def test_a_run_from_before_the_line_knew_its_queue_is_replayed_with_its_scenario
         ("{}", None, "router.json: not the router configuration a run writes - system: Field"),
         ("[]", None, "router.json: not the JSON a run writes (an object expected)"),
         ("{", None, "router.json: not the JSON a run writes"),
+        ('{"system": "pdd", "pdd": 3}', None, "router.json: not the router configuration"),
         (None, '{"network": {}}', "scenario.json: no network.wan as a bench writes it"),
     ],
 )
