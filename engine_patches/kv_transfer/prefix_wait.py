@@ -135,9 +135,10 @@ class PrefixWait:
             # with nothing cached: every scheduler iteration comes here
             elif may_wait and holds_back(ids, 0, prompts, page, here)[0]:
                 extra, which = holds_back(ids, _cached_tokens(tree, req), prompts, page, here)
-                why = ("room %s waits for %d tokens on their way", extra) if extra else None
-                # arrived (not yet merged) KV is surely coming; a receiver says for its own
-                awaited = True if which >= len(ahead) else ahead[which][1] if extra else None
+                if extra:
+                    why = ("room %s waits for %d tokens on their way", extra)
+                    # KV here (not yet merged) surely comes; a receiver says for its own
+                    awaited = ahead[which][1] if which < len(ahead) else True
             if why and waited >= self._most(req, waited, awaited):
                 self.expired.add(req.rid)
                 why = None
