@@ -84,6 +84,10 @@ POOL_REUSE_S = 30.0
 IDLE_TIMEOUT_S = 30.0  # a transfer that makes no progress this long fails (a cut WAN)
 LATE_LEG_S = 10.0  # dual path: main decode's request may come this long after relay decode's
 MAX_FRAME_BYTES = 8 << 20  # a KV chunk's payload: bounds memory per frame, shows progress
+# servers.kv_line_share: prefill's senders across the WAN together send at this share of
+# the line's rate (IP/TCP headers are 3.6% at MTU 1500, and the shaper has its own); the
+# router's model of the line runs at it too
+LINE_SHARE_HEADROOM = 0.9
 
 
 def rows_per_chunk(bytes_per_row: int) -> int:

@@ -86,6 +86,18 @@ def idle_since(sock: socket.socket) -> float | None:
     return min(sent_ago, acked_ago)
 
 
+SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes in the send queue not yet sent
+
+
+def unsent_bytes(sock: socket.socket) -> int | None:
+    """Bytes given to the connection that the kernel has not sent yet (held by the
+    congestion window or its pacing); None where the kernel does not say."""
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock, SIOCOUTQNSD, b"\0" * 4))[0]
+    except OSError:
+        return None
+
+
 def quiet_for(sock: socket.socket) -> float | None:
     """Seconds since data last reached this end of the connection (the kernel's count,
     whatever the application has read of it); None where the kernel does not say."""

@@ -35,6 +35,7 @@ import httpx
 
 from protocol.env import Env
 from protocol.frames import new_frame_key, read_frame_key, set_frame_key
+from protocol.kv import LINE_SHARE_HEADROOM
 from protocol.names import Role
 from testbed import cpu_share
 from testbed.dilation import for_testbed, pacing_env
@@ -293,6 +294,7 @@ class Deployment:
         if not self.system.relayed:
             return None
         model, wan = self.scenario.model.resolve(), self.scenario.network.wan
+        paced = LINE_SHARE_HEADROOM if self.scenario.servers.kv_line_share else 0.0
         return self.scenario.pdd.model_copy(
             update={
                 "wan_rate_mbit": wan.rate_mbit,
@@ -301,6 +303,7 @@ class Deployment:
                 "wan_loss_pct": wan.loss_pct,
                 "wan_queue_bytes": wan.queue_packets * wan.mtu,
                 "wan_congestion_control": wan.congestion_control,
+                "wan_paced_share": paced,
                 "kv_bytes_per_token": describe_model(model)["kv_bytes_per_token"],
                 "md_cache_tokens": self.scenario.servers.max_total_tokens,
                 "kv_pool_reuse_s": self.scenario.servers.kv_pool_reuse_s,

@@ -9,20 +9,26 @@ connection that is sending across the line at ``HEADROOM`` x the line's rate div
 their number (the kernel's TCP pacing, ``SO_MAX_PACING_RATE``): together they send no
 faster than the line drains, no window bursts into its queue, and each gets an equal
 share, which is what the router's model of the line assumes (processor sharing,
-:mod:`testbed.router.wan`). A window below its share still limits its flow (a new
-connection's slow start); only random loss still costs a round trip.
+:mod:`testbed.router.wan`, at ``HEADROOM`` of the rate: ``PddConfig.wan_paced_share``).
+A window below its share still limits its flow (a new connection's slow start); only
+random loss still costs a round trip.
 
 Lifecycle::
 
     from_env() (the prefill manager, once; None without PDD_KV_LINE)
       join(sock)   a leg sends a KV chunk to a far-site peer: every member re-paced
-      leave(sock)  its wire idles while it waits for prefill's next chunk (it joins
-                   again with the chunk), or its transfer ended (acknowledged, failed):
-                   the rest re-paced
+      leave(sock)  the kernel has sent all it was given while the leg waits for
+                   prefill's next chunk (it joins again with the chunk) or for decode's
+                   Ack (leave_once_sent), or its transfer failed: the rest re-paced
 
-A leg waiting for prefill leaves only once everything it sent is acknowledged: left
-while its bytes still drain at the old pace, the others' larger shares would overfill
-the line for that while.
+A leg leaves only once the kernel has sent everything it was given: left with bytes
+still queued in its socket, those would drain at its old pace beside the others' larger
+shares and overfill the line. Bytes sent left at the pace, so they do not: a leg need
+not wait for their acknowledgement, a round trip later. Waiting for it, every transfer
+that began within a round trip of another's last byte ran at half the line for that
+round trip (hetero run ``bench-hetero-20261207-234754``, a 1 s round trip: 17 of 49
+transfers across it started at a half or a third of the line, and lone 0.53 MB ones ran
+at 0.83-0.94 MB/s where the share gave 1.84).
 """
 
 from __future__ import annotations
@@ -33,14 +39,16 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 
 from protocol.env import Env
-from protocol.tcp import cap_pacing
+from protocol.kv import LINE_SHARE_HEADROOM as HEADROOM
+from protocol.tcp import cap_pacing, unsent_bytes
 
 logger = logging.getLogger("pdd.kv_transfer")
-HEADROOM = 0.9  # of the line's rate: IP/TCP headers (3.6% at MTU 1500) and the shaper's own
-SHARE_POLL_S = 0.05  # a member waiting for prefill looks this often whether its wire idles
+SHARE_POLL_S = 0.05  # a member waiting for prefill looks this often whether all is sent
+SENT_POLL_S = 0.005  # a member that sent its Done looks this often whether all is sent
 
 
 @dataclass
@@ -86,6 +94,27 @@ class LineShare:
             if sock in self.members:
                 self.members.remove(sock)
                 self._reshare()
+
+    @staticmethod
+    def all_sent(sock: socket.socket) -> bool:
+        """Whether the kernel has sent all ``sock`` was given (False where it does not say)."""
+        return unsent_bytes(sock) == 0
+
+    def leave_once_sent(self, sock: socket.socket) -> bool:
+        """Leave once the kernel has sent all ``sock`` was given, polling while that
+        should take at its share (twice that, and a second); True: it left. Stays where
+        the kernel does not say or the bytes do not go (a stalled wire): its Ack or its
+        failure ends it then."""
+        unsent = unsent_bytes(sock)
+        if unsent is None or sock not in self:
+            return False
+        deadline = time.monotonic() + 2 * unsent / self.each_bytes_s() + 1.0
+        while unsent and time.monotonic() < deadline:
+            time.sleep(SENT_POLL_S)
+            unsent = unsent_bytes(sock)
+        if unsent == 0:
+            self.leave(sock)
+        return unsent == 0
 
     def each_bytes_s(self) -> float:
         return HEADROOM * self.rate_bytes_s / max(1, len(self.members))

@@ -38,12 +38,7 @@ from sglang.srt.disaggregation.base.conn import BaseKVSender, KVPoll, KVTransfer
 from engine_patches.kv_transfer.line_share import SHARE_POLL_S, LineShare
 from engine_patches.kv_transfer.manager import Incoming, TcpKVManager
 from protocol import clock
-from protocol.frames import (
-    MsgType,
-    ProtocolError,
-    recv_frame,
-    send_frame,
-)
+from protocol.frames import MsgType, ProtocolError, recv_frame, send_frame
 from protocol.kv import Done, KvChunkHeader, Window, crc32, rows_per_chunk
 from protocol.records import TransferRecord
 from protocol.rooms import legs_expected, starts_early
@@ -154,13 +149,15 @@ class _Leg:
                 self._end_state(conn)
                 done = Done.of_sender(sent, record)
                 record.wire_bytes += send_frame(conn, MsgType.DONE, room, done.encode())
+                if share is not None:  # its bytes sent, at the pace: the line is the others'
+                    share.leave_once_sent(conn)
                 kind, _, body = recv_frame(conn)
                 if kind == MsgType.FAILURE:
                     raise KVTransferError(f"decode refused: {body.decode(errors='replace')}")
                 if kind != MsgType.ACK:
                     raise ProtocolError(f"expected Ack, got {kind.name}")
                 if share is not None:
-                    share.leave(conn)  # every byte acknowledged
+                    share.leave(conn)  # at the latest: every byte acknowledged
                 with self.sender._lock:
                     if self.state != "pending" or self.released:
                         return
@@ -198,8 +195,8 @@ class _Leg:
         measured faster than the line's rate). While prefill computes, a Waiting frame
         every third of the idle timeout tells decode the transfer is alive: its idle
         timeout is for a stalled wire (a cut WAN), and a long prompt's next chunk on a busy
-        prefill can take longer. Its wire idle, a leg leaves its ``share`` of the line
-        (joins again with a chunk)."""
+        prefill can take longer. All it was given sent, a leg leaves its ``share`` of the
+        line (joins again with a chunk)."""
         mgr, room = self.sender.kv_mgr, self.sender.room
         period = max(0.05, mgr.timeouts.idle / 3)
         asked = noted = time.monotonic()
@@ -210,8 +207,8 @@ class _Leg:
                 pages, last, aux = self.queue.get(timeout=SHARE_POLL_S if sharing else period)
             except queue.Empty:
                 idle_from = idle_from or wire_idle_from(conn)  # before a Waiting frame's bytes
-                if sharing and idle_from:
-                    share.leave(conn)
+                if sharing and (idle_from or share.all_sent(conn)):
+                    share.leave(conn)  # all it was given is sent (acknowledged or not)
                 now = time.monotonic()
                 if now - asked > mgr.timeouts.first_data:
                     raise TimeoutError("no KV chunk came from the scheduler") from None

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from protocol.kv import LINE_SHARE_HEADROOM
 from protocol.metrics import percentile
 from protocol.names import Role
 from protocol.records import (
@@ -72,17 +73,19 @@ class NoWanModel(ValueError):
 
 def _with_line(config: dict, run_dir: Path) -> dict:
     """A router config from before the line knew its bottleneck queue
-    (``wan_queue_bytes``), congestion control or jitter gets each it lacks from the
-    run's scenario, as a router now would."""
+    (``wan_queue_bytes``), congestion control, jitter or senders' pacing gets each it
+    lacks from the run's scenario, as a router now would."""
     pdd, scenario = config.get("pdd"), run_dir / "scenario.json"
     if not isinstance(pdd, dict) or not scenario.exists():
         return config  # none, or not an object: the configuration's check names it
     try:
-        wan = read_json(scenario, dict)["network"]["wan"]
+        stored = read_json(scenario, dict)
+        wan, shared = stored["network"]["wan"], stored.get("servers", {}).get("kv_line_share")
         known = {
             "wan_queue_bytes": wan["queue_packets"] * wan["mtu"],
             "wan_congestion_control": wan.get("congestion_control") or "cubic",
             "wan_jitter_s": wan.get("jitter_ms", 0.0) / 1000,
+            "wan_paced_share": LINE_SHARE_HEADROOM if shared else 0.0,
         }
     except (KeyError, TypeError, AttributeError):
         raise DamagedFile(f"{scenario}: no network.wan as a bench writes it") from None

@@ -53,6 +53,13 @@ class PddConfig(BaseModel):
     wan_congestion_control: Literal["cubic", "bbr", "reno"] = Field(
         "cubic", description="The hosts' TCP congestion control: how a loss cuts a window."
     )
+    wan_paced_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Prefill's senders share the WAN at this fraction of its rate "
+        "(servers.kv_line_share); 0: each sends as fast as TCP lets it.",
+    )
     kv_pool_reuse_s: float = Field(
         POOL_REUSE_S, gt=0, description="Decode servers' KV connection reuse (servers.)."
     )

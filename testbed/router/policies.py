@@ -260,6 +260,7 @@ def wan_line(pdd: PddConfig, clock: Callable[[], float] = clock_now) -> WanLine:
         queue_bytes=pdd.wan_queue_bytes or float("inf"),
         congestion=pdd.wan_congestion_control,
         jitter_s=pdd.wan_jitter_s,
+        paced=pdd.wan_paced_share,
     )
 
 

@@ -42,6 +42,9 @@ One flow alone pays, on top of its bytes at the goodput (the arithmetic of one f
 - Random loss and the line's jitter, as :mod:`testbed.router.tcp_model` counts them.
   Past its loss-free run a transfer drains no faster than that flow alone.
 
+Where prefill paces its senders together (``servers.kv_line_share``), the line is that
+share of its rate (``paced``), and no window bursts into its bottleneck queue.
+
 Slow start's rounds take ``round_trip``, learned from lone loss-free transfers with
 rounds to take (default: 21.5-22.5 ms on a 20 ms line). A flow sharing the line ramps
 up only to its share (its window holds it back below it).
@@ -93,12 +96,16 @@ class WanLine(PoolModel):
         queue_bytes: float = float("inf"),
         congestion: str = "reno",
         jitter_s: float = 0.0,
+        paced: float = 0.0,
     ) -> None:
         self.rtt, self.jitter, self.loss = 2 * one_way_s, jitter_s, loss
         self.pool_reuse_s = pool_reuse_s  # decode servers' (servers.kv_pool_reuse_s)
-        self.rate = float(rate_bytes_s)  # the line as configured
+        # the line as configured, or as prefill paces its senders together (a share of
+        # it, servers.kv_line_share): then no window bursts into the bottleneck queue
+        self.rate = float(rate_bytes_s) * (paced or 1.0)
         self.loss_free = MSS / loss if loss > 0 else float("inf")  # bytes between losses
-        self.queue, self.response = queue_bytes, RESPONSES[congestion]  # bottleneck's; strict
+        self.queue = float("inf") if paced else queue_bytes  # the bottleneck's
+        self.response = RESPONSES[congestion]  # strict
         # the link-checked rate counts until 3 samples (default: a first at 58 of 100)
         self.achieved = RecentMedian(self.rate, samples, cap=self.rate, prior=3)
         self.way_alone = RecentMedian(one_way_s, samples, prior=3)  # the first byte's

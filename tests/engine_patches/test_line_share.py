@@ -77,3 +77,45 @@ def test_the_share_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(Env.KV_LINE, json.dumps({"rate_bytes_s": 2e6, "peers": ["10.77.2.10"]}))
     line = LineShare.from_env()
     assert line.rate_bytes_s == 2e6 and line.peers == {"10.77.2.10"}
+
+
+def test_a_sender_leaves_the_share_once_the_kernel_has_sent_all_it_was_given(pairs):
+    """Bytes sent left at the sender's pace, so a leg that has sent everything gives the
+    line to the others at once, not a round trip later with its acknowledgement; bytes
+    still in its socket would drain at its old pace beside the others', so it stays
+    while any are there (here: a receiver that reads nothing, its window full)."""
+    line = LineShare(50e6, frozenset({"127.0.0.1"}))
+    (a, ra), (b, _) = pairs(), pairs()
+    a.setblocking(False)
+    try:  # more than the receive buffer and window take: the rest stays unsent
+        while True:
+            a.send(b"k" * 65536)
+    except BlockingIOError:
+        pass
+    a.setblocking(True)
+    line.join(a)
+    line.join(b)
+    assert not LineShare.all_sent(a)
+    started = time.monotonic()
+    assert not line.leave_once_sent(a)  # its bytes do not go: it stays, bounded
+    assert a in line and time.monotonic() - started < 10
+    ra.setblocking(False)
+    reader_done = threading.Event()
+
+    def drain():
+        while not reader_done.is_set():
+            try:
+                if not ra.recv(1 << 20):
+                    return
+            except BlockingIOError:
+                time.sleep(0.001)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    try:
+        assert line.leave_once_sent(a)
+        assert LineShare.all_sent(a) and line.members == [b]
+        assert pacing_cap(b) == pytest.approx(HEADROOM * 50e6, rel=1e-6)  # the line is b's
+    finally:
+        reader_done.set()
+        reader.join(5)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from protocol.kv import LINE_SHARE_HEADROOM
 from protocol.records import TransferRecord
 from testbed.bench.wan_replay import replay, replay_run
 from testbed.cli import app
@@ -151,8 +152,8 @@ def test_a_run_without_wan_predictions_is_refused_with_a_reason(tmp_path):
 
 def test_a_run_from_before_the_line_knew_its_queue_is_replayed_with_its_scenarios(tmp_path):
     """Routers before ``wan_queue_bytes`` stored no queue (nor, later, a congestion
-    control or jitter): the replay takes the run's from its scenario (queue_packets x MTU), as a
-    router now would; one stored wins."""
+    control, jitter or senders' pacing): the replay takes the run's from its scenario
+    (queue_packets x MTU; servers.kv_line_share), as a router now would; one stored wins."""
     from testbed.bench.wan_replay import _with_line
 
     wan = {"queue_packets": 1000, "mtu": 1500, "congestion_control": "reno", "jitter_ms": 2.0}
@@ -160,11 +161,15 @@ def test_a_run_from_before_the_line_knew_its_queue_is_replayed_with_its_scenario
     old = {"system": "pdd", "pdd": {"wan_rate_mbit": 100.0}}
     filled = _with_line(old, tmp_path)["pdd"]
     assert filled["wan_queue_bytes"] == 1_500_000 and filled["wan_congestion_control"] == "reno"
-    assert filled["wan_jitter_s"] == 0.002
+    assert filled["wan_jitter_s"] == 0.002 and filled["wan_paced_share"] == 0.0
+    shared = {"network": {"wan": wan}, "servers": {"kv_line_share": True}}
+    (tmp_path / "scenario.json").write_text(json.dumps(shared))
+    assert _with_line(old, tmp_path)["pdd"]["wan_paced_share"] == LINE_SHARE_HEADROOM
+    (tmp_path / "scenario.json").write_text(json.dumps({"network": {"wan": wan}}))
     # field by field: each stored one wins, each missing one comes from the scenario
     partial = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000, "wan_jitter_s": 0.0}}
     filled = _with_line(partial, tmp_path)["pdd"]
-    assert filled == {**partial["pdd"], "wan_congestion_control": "reno"}
+    assert filled == {**partial["pdd"], "wan_congestion_control": "reno", "wan_paced_share": 0.0}
     stored_queue = {"system": "pdd", "pdd": {"wan_queue_bytes": 3000}}
     assert _with_line(stored_queue, tmp_path)["pdd"]["wan_queue_bytes"] == 3000
     assert _with_line({"system": "same_site_pd", "pdd": None}, tmp_path)["pdd"] is None
