@@ -290,10 +290,11 @@ def test_clear_right_after_success_leaves_the_connection_to_its_next_request():
     prefill_end.close()
 
 
-def test_a_leg_waiting_for_prefill_leaves_its_share_of_the_line_once_its_wire_idles():
+def test_a_leg_leaves_its_share_of_the_line_whenever_it_has_sent_all_it_was_given():
     """servers.kv_line_share: a leg to a peer across the line joins the share with its
-    first chunk; while prefill computes the next and everything sent is acknowledged, it
-    leaves the line to the others; the next chunk joins it again, its Ack ends it."""
+    first chunk; once the kernel has sent it, while prefill computes the next, it leaves
+    the line to the others; the next chunk joins it again, and once that, its aux and its
+    Done are sent it leaves before decode's Ack (bytes sent went at its pace)."""
     import threading
 
     from sglang.srt.disaggregation.base.conn import KVPoll
@@ -302,14 +303,23 @@ def test_a_leg_waiting_for_prefill_leaves_its_share_of_the_line_once_its_wire_id
 
     line = LineShare(1e6, frozenset({"d"}))  # the stand-in leg's peer is "d:1"
     room, sender, decode_end = _three_page_room(line=line)
-    seen: list[int] = []
+    members: list[int] = []  # the share's membership after each change
+    reshare = line._reshare
+
+    def noted() -> None:
+        if not members or members[-1] != len(line.members):
+            members.append(len(line.members))
+        reshare()
+
+    line._reshare = noted
+    acked: list[int] = []
 
     def decode() -> None:
         while True:
             kind, _, _ = recv_frame(decode_end)
-            if kind == MsgType.KV_CHUNK:
-                seen.append(len(line.members))
             if kind == MsgType.DONE:
+                time.sleep(0.2)  # decode's Ack a while after the Done frame
+                acked.append(len(line.members))
                 send_frame(decode_end, MsgType.ACK, room)
                 return
 
@@ -322,15 +332,13 @@ def test_a_leg_waiting_for_prefill_leaves_its_share_of_the_line_once_its_wire_id
     reader = threading.Thread(target=decode)
     reader.start()
     sender.send(np.array([0]))
-    deadline = time.monotonic() + 3
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert seen  # the first chunk crossed
-    assert members_become(0)  # its chunk acknowledged, prefill computing: not a member
+    assert members_become(1) or members == [1, 0]  # joined with the first chunk
+    assert members_become(0)  # its chunk sent, prefill computing: not a member
     assert sender.poll() not in (KVPoll.Success, KVPoll.Failed)
     sender.send(np.array([1, 2]), state_indices=[])
     assert _wait_for(sender, {KVPoll.Success, KVPoll.Failed}) == KVPoll.Success
     reader.join(5)
-    assert seen[-1] == 1 and line.members == []  # sent as a member again; left at the Ack
+    assert members == [1, 0, 1, 0]  # a member for each chunk, none in between
+    assert acked == [0]  # its Done sent, it had left before decode acknowledged it
     assert sender._legs[0].record.paced_bytes_s == int(HEADROOM * 1e6)  # joined alone
     decode_end.close()
